@@ -1,0 +1,166 @@
+"""`python -m engine <command>`: the library's command-line face. Each command prints for people, or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ExplorerError
+
+
+def parse_kwarg_value(text: str) -> Any:
+    """`true`/`false`/numbers/JSON become those values; anything else stays a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_kwargs(pairs: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ExplorerError(f"--kwargs takes key=value, got {pair!r}")
+        out[key] = parse_kwarg_value(value)
+    return out
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible: newline as ↵ (and a real line break), tab as →, space as ·."""
+    return text.replace(" ", "·").replace("\t", "→").replace("\n", "↵\n")
+
+
+def _write_json(data: Any, target: str) -> None:
+    text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text, encoding="utf-8")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from engine.models import load_model
+
+    model = load_model(args.model, renderer=args.renderer)
+    try:
+        payload = json.loads(Path(args.messages).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ExplorerError(f"{args.messages}: cannot read messages JSON: {err}") from err
+    messages = payload["messages"] if isinstance(payload, dict) else payload
+    tools = payload.get("tools") if isinstance(payload, dict) else None
+    kwargs = {**model.spec.default_kwargs(), **parse_kwargs(args.kwargs)}
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=not args.no_generation_prompt,
+                                     kwargs=kwargs)
+    tokens = model.tokenizer.encode(rendered.text) if model.tokenizer else None
+    if args.json:
+        _write_json({
+            "model": model.id,
+            "kwargs": kwargs,
+            "text": rendered.text,
+            "source_path": rendered.source_path,
+            "spans": [s.__dict__ for s in provenance_spans(rendered)],
+            "token_ids": list(tokens.ids) if tokens else None,
+            "tokenizer": model.tokenizer_unavailable,
+        }, args.json)
+        return 0
+    lines = model.renderer.source_lines()
+    print(f"# {model.spec.display_name}: {rendered.source_path}, kwargs {kwargs}")
+    for span in provenance_spans(rendered):
+        where = f"line {span.source_line}" if span.source_line else "?"
+        who = f"msg {span.message_index}" if span.message_index >= 0 else "template"
+        src = lines[span.source_line - 1].strip() if 0 < span.source_line <= len(lines) else ""
+        print(f"[{who:>8} | {where:>9}] {visible(rendered.text[span.start:span.end])!s}")
+        if args.show_source and src:
+            print(f"{'':21}└ {src[:100]}")
+    print(f"# {len(rendered.text)} characters" + (f", {len(tokens.ids)} tokens" if tokens else
+                                                 f"; {model.tokenizer_unavailable}"))
+    return 0
+
+
+def provenance_spans(rendered):
+    from engine.provenance import spans
+
+    return spans(rendered)
+
+
+def cmd_session(args: argparse.Namespace) -> int:
+    from engine.models import load_model
+    from engine.session import load_session, shared_across_sessions, shared_with_timestamp, simulate_session
+
+    model = load_model(args.model)
+    script = load_session(args.script)
+    kwargs = parse_kwargs(args.kwargs)
+    report = simulate_session(model, script, kwargs=kwargs, block_size=args.block_size,
+                              checkpoint_policy=args.checkpoint_policy)
+    extras: dict[str, int] = {}
+    if len(script.unrelated_questions) >= 2:
+        extras["shared_unrelated_sessions"] = shared_across_sessions(model, script, kwargs)
+        if script.timestamp_template:
+            extras["shared_timestamp_start"] = shared_with_timestamp(model, script, "start", kwargs)
+            extras["shared_timestamp_end"] = shared_with_timestamp(model, script, "end", kwargs)
+    if args.json:
+        _write_json({
+            "model": report.model, "script": report.script, "kwargs": report.kwargs,
+            "block_size": report.block_size, "checkpoint_policy": report.checkpoint_policy,
+            "requests": [{**r.__dict__, "block_prefill_tokens": r.block_prefill_tokens,
+                          "hybrid_prefill_tokens": r.hybrid_prefill_tokens} for r in report.rows],
+            "totals": {"prompt_tokens": report.total_prompt_tokens, "prefill_tokens": report.total_prefill_tokens,
+                       "block_prefill_tokens": report.total_block_prefill_tokens,
+                       "hybrid_prefill_tokens": report.total_hybrid_prefill_tokens,
+                       "decode_tokens": report.total_decode_tokens},
+            **extras,
+        }, args.json)
+        return 0
+    print(f"# {report.model} · {report.script} · kwargs {report.kwargs} · block {report.block_size} · "
+          f"hybrid checkpoints: {report.checkpoint_policy}")
+    print(f"{'req':>3} {'trigger':<10} {'prompt':>7} {'reused':>7} {'prefill':>8} {'decode':>7} "
+          f"{'blk reuse':>9} {'hyb prefill':>11}")
+    for r in report.rows:
+        print(f"{r.index:>3} {r.trigger:<10} {r.prompt_tokens:>7} {r.reusable_tokens:>7} {r.prefill_tokens:>8} "
+              f"{r.decode_tokens if r.decode_tokens is not None else '…':>7} {r.block_reusable_tokens:>9} "
+              f"{r.hybrid_prefill_tokens:>11}")
+    print(f"total prompt {report.total_prompt_tokens} -> prefill {report.total_prefill_tokens} "
+          f"(block {report.block_size}: {report.total_block_prefill_tokens}, hybrid: "
+          f"{report.total_hybrid_prefill_tokens}); decode {report.total_decode_tokens}")
+    for key, value in extras.items():
+        print(f"{key.replace('_', ' ')}: {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    render = sub.add_parser("render", help="render a conversation with a model's real template, with provenance")
+    render.add_argument("--model", required=True)
+    render.add_argument("--messages", required=True, help="JSON: a list of messages, or {messages, tools}")
+    render.add_argument("--kwargs", action="append", metavar="KEY=VALUE")
+    render.add_argument("--renderer", help="jinja, deepseek_v4 or harmony (default: the model's)")
+    render.add_argument("--no-generation-prompt", action="store_true")
+    render.add_argument("--show-source", action="store_true", help="print the template line under each span")
+    render.add_argument("--json", metavar="PATH|-")
+    render.set_defaults(func=cmd_render)
+
+    session = sub.add_parser("session", help="what a whole agent task costs in prefill, request by request")
+    session.add_argument("--model", required=True)
+    session.add_argument("--script", required=True, help="a session JSON file, or a built-in name (handbook)")
+    session.add_argument("--kwargs", action="append", metavar="KEY=VALUE")
+    session.add_argument("--block-size", type=int, default=16)
+    session.add_argument("--checkpoint-policy", default="prompt-and-generation-end")
+    session.add_argument("--json", metavar="PATH|-")
+    session.set_defaults(func=cmd_session)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ExplorerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

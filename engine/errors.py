@@ -1,0 +1,28 @@
+"""Errors a user can act on: each names the model, the file and the cause in one sentence."""
+
+from __future__ import annotations
+
+
+class ExplorerError(Exception):
+    """Base class; `str(err)` is the one sentence shown to the user."""
+
+
+class AssetError(ExplorerError):
+    """A model asset is missing, corrupt or of the wrong version."""
+
+
+class RenderError(ExplorerError):
+    """The template (or encoder) refused or failed to render a conversation.
+
+    `source_line` is the template line that raised, when known (e.g. a `raise_exception` call).
+    """
+
+    def __init__(self, message: str, *, model: str = "", path: str = "", source_line: int | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+        self.path = path
+        self.source_line = source_line
+
+
+class TokenizerUnavailable(ExplorerError):
+    """The model has no tokenizer here; string-level results still work."""

@@ -1,0 +1,190 @@
+"""Model registry: one manifest per model in `model_assets/<id>/model.toml`, loaded into a `ModelSpec`.
+
+`load_model` turns a spec into a `LoadedModel` (renderer + tokenizer, each from the real files); loading is cached
+per process because tokenizers take a second each.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from engine.assets import AssetSpec, ResolvedAsset, resolve_asset
+from engine.errors import AssetError, ExplorerError
+from engine.render import Renderer
+from engine.tokenize import HFTokenizer, Tokenizer
+
+MODEL_ASSETS = Path(__file__).resolve().parent.parent / "model_assets"
+_ASSET_FIELDS = set(AssetSpec.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class TemplateKwarg:
+    name: str
+    default: Any
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    display_name: str
+    hub_repo: str
+    family: str  # output format family: a module in engine/formats/
+    renderer: str  # default renderer: "jinja", "deepseek_v4", "harmony"
+    renderers: tuple[str, ...]
+    assets: dict[str, AssetSpec]
+    asset_extras: dict[str, dict[str, Any]]
+    template_kwargs: tuple[TemplateKwarg, ...]
+    special_tokens: dict[str, Any]
+    engine_parsers: dict[str, dict[str, str]]  # engine name -> {"reasoning_parser": ..., "tool_call_parser": ...}
+    manifest_path: Path = field(compare=False)
+
+    def default_kwargs(self) -> dict[str, Any]:
+        return {k.name: k.default for k in self.template_kwargs}
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return tuple(self.special_tokens.get("stop", ()))
+
+
+def model_ids() -> list[str]:
+    return sorted(p.parent.name for p in MODEL_ASSETS.glob("*/model.toml"))
+
+
+# The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6.
+DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss")
+
+
+def default_model_ids() -> list[str]:
+    known = model_ids()
+    return [m for m in DEFAULT_ORDER if m in known] + [m for m in known if m not in DEFAULT_ORDER]
+
+
+@cache
+def load_spec(model_id: str) -> ModelSpec:
+    path = MODEL_ASSETS / model_id / "model.toml"
+    if not path.is_file():
+        raise ExplorerError(f"unknown model {model_id!r}: no {path}; known models: {', '.join(model_ids())}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ExplorerError(f"{path} for model {model_id} is not valid TOML: {err}") from err
+    return spec_from_manifest(raw, path)
+
+
+def spec_from_manifest(raw: dict[str, Any], path: Path) -> ModelSpec:
+    model_id = raw.get("id", path.parent.name)
+    try:
+        assets: dict[str, AssetSpec] = {}
+        extras: dict[str, dict[str, Any]] = {}
+        for name, entry in raw.get("assets", {}).items():
+            assets[name] = AssetSpec(name=name, **{k: v for k, v in entry.items() if k in _ASSET_FIELDS})
+            extras[name] = {k: v for k, v in entry.items() if k not in _ASSET_FIELDS}
+        kwargs = tuple(
+            TemplateKwarg(name=k, default=v.get("default"), help=v.get("help", ""))
+            for k, v in raw.get("template_kwargs", {}).items()
+        )
+        return ModelSpec(
+            id=model_id,
+            display_name=raw.get("display_name", model_id),
+            hub_repo=raw.get("hub_repo", ""),
+            family=raw["family"],
+            renderer=raw.get("renderer", "jinja"),
+            renderers=tuple(raw.get("renderers", [raw.get("renderer", "jinja")])),
+            assets=assets,
+            asset_extras=extras,
+            template_kwargs=kwargs,
+            special_tokens=dict(raw.get("special_tokens", {})),
+            engine_parsers={k: dict(v) for k, v in raw.get("engines", {}).items()},
+            manifest_path=path,
+        )
+    except (KeyError, TypeError) as err:
+        raise ExplorerError(f"{path} for model {model_id} is missing or has a malformed field: {err}") from err
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    renderer: Renderer
+    tokenizer: Tokenizer | None
+    tokenizer_unavailable: str | None  # the sentence saying why, and how to supply one
+    asset_hashes: dict[str, str]
+    asset_sources: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+def _special_token_vars(spec: ModelSpec) -> dict[str, str]:
+    # transformers passes bos_token/eos_token/... from the tokenizer config into every render.
+    return {k: v for k, v in spec.special_tokens.items() if k.endswith("_token") and isinstance(v, str)}
+
+
+def build_renderer(spec: ModelSpec, kind: str, assets_dir: Path | None = None) -> tuple[Renderer, ResolvedAsset]:
+    if kind == "jinja":
+        from engine.render.jinja import JinjaRenderer
+
+        asset = resolve_asset(spec.id, spec.hub_repo, spec.assets["chat_template"], assets_dir)
+        source = asset.data.decode("utf-8")
+        return JinjaRenderer(source, model=spec.id, source_path=Path(spec.assets["chat_template"].path).name or
+                             asset.name, special_tokens=_special_token_vars(spec)), asset
+    if kind == "deepseek_v4":
+        from engine.render.deepseek_v4 import DeepSeekV4Renderer
+
+        asset = resolve_asset(spec.id, spec.hub_repo, spec.assets["encoder"], assets_dir)
+        return DeepSeekV4Renderer.from_asset(asset), asset
+    if kind == "harmony":
+        from engine.render.harmony import HarmonyRenderer
+
+        asset = resolve_asset(spec.id, spec.hub_repo, spec.assets["chat_template"], assets_dir)
+        return HarmonyRenderer(), asset
+    raise ExplorerError(f"model {spec.id}: unknown renderer {kind!r} (known: jinja, deepseek_v4, harmony)")
+
+
+def build_tokenizer(spec: ModelSpec, assets_dir: Path | None = None) -> tuple[Tokenizer, ResolvedAsset]:
+    asset_spec = spec.assets["tokenizer"]
+    asset = resolve_asset(spec.id, spec.hub_repo, asset_spec, assets_dir)
+    kind = asset_spec.kind
+    if kind == "tokenizer.json":
+        name = f"{spec.id} tokenizer.json ({asset.sha256[:12]})"
+        return HFTokenizer(asset.data.decode("utf-8"), name=name), asset
+    if kind == "o200k_harmony":
+        from engine.tiktoken_tokenizer import load_o200k_harmony
+
+        return load_o200k_harmony(), asset
+    if kind == "tiktoken.model":
+        from engine.tiktoken_tokenizer import load_kimi
+
+        assert asset.path is not None
+        return load_kimi(asset.path), asset
+    raise ExplorerError(f"model {spec.id}: unknown tokenizer kind {kind!r}")
+
+
+@cache
+def load_model(model_id: str, renderer: str | None = None, assets_dir: Path | None = None) -> LoadedModel:
+    """The model's real renderer and tokenizer; a missing tokenizer is recorded, not raised."""
+    spec = load_spec(model_id)
+    kind = renderer or spec.renderer
+    render, render_asset = build_renderer(spec, kind, assets_dir)
+    hashes = {render_asset.name: render_asset.sha256}
+    sources = {render_asset.name: render_asset.source}
+    tokenizer: Tokenizer | None = None
+    unavailable: str | None = None
+    try:
+        tokenizer, tok_asset = build_tokenizer(spec, assets_dir)
+        hashes[tok_asset.name] = tok_asset.sha256
+        sources[tok_asset.name] = tok_asset.source
+    except AssetError as err:
+        if spec.assets["tokenizer"].package:
+            raise
+        unavailable = (
+            f"tokenizer unavailable for {spec.id}: {spec.assets['tokenizer'].hub_file} is not shipped by any "
+            f"package here; put the Hub file ({spec.hub_repo}) in $DRIFT_ASSETS_DIR/{spec.id}/ or upload it to "
+            f"get token-level results ({err})"
+        )
+    return LoadedModel(spec, render, tokenizer, unavailable, hashes, sources)

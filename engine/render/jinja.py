@@ -1,0 +1,222 @@
+"""Jinja chat templates rendered exactly as transformers' `apply_chat_template`, with per-character provenance.
+
+Parity comes from reusing transformers' own pieces at run time (its sandboxed environment with `tojson`,
+`raise_exception`, `strftime_now`, `dict`, `namespace`, and its message normalisation). Provenance comes from
+compiling the same template source in an overlay of that environment whose code generator wraps every output
+expression in a recorder call; the overlay differs only in code generation, and the parity test proves the
+strings are identical.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import jinja2  # noqa: E402
+from jinja2 import nodes  # noqa: E402
+from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
+
+from engine.errors import RenderError  # noqa: E402
+from engine.types import Rendered  # noqa: E402
+
+
+def _transformers_pieces():
+    # Imported lazily: transformers takes a second to import and only rendering needs it.
+    from transformers.utils import chat_template_utils as ctu
+
+    return ctu
+
+
+class _ProvenanceCodeGenerator(CodeGenerator):
+    """Emits `environment.drift_record(lineno, is_root, value)` around every output expression.
+
+    Constant folding of adjacent outputs is switched off so that each output keeps its own template line.
+    """
+
+    def _output_child_to_const(self, node, frame, finalize):  # type: ignore[override]
+        raise nodes.Impossible()
+
+    def _output_child_pre(self, node: nodes.Expr, frame: Frame, finalize) -> None:  # type: ignore[override]
+        self.write(f"environment.drift_record({node.lineno}, {frame.buffer is None}, ")
+        super()._output_child_pre(node, frame, finalize)
+
+    def _output_child_post(self, node: nodes.Expr, frame: Frame, finalize) -> None:  # type: ignore[override]
+        super()._output_child_post(node, frame, finalize)
+        self.write(")")
+
+
+@dataclass
+class _Record:
+    line: int
+    text: str
+    children: list[_Record]
+
+
+class _Recorder(threading.local):
+    def __init__(self) -> None:
+        self.pending: list[_Record] = []
+        self.chunks: list[tuple[_Record, int]] = []  # (record tree, message index)
+        self.message_ids: dict[int, int] = {}
+
+
+def _leaves(record: _Record) -> list[tuple[int, str]]:
+    if not record.children:
+        return [(record.line, record.text)]
+    out: list[tuple[int, str]] = []
+    for child in record.children:
+        out.extend(_leaves(child))
+    return out
+
+
+class JinjaRenderer:
+    """One chat template, rendered as transformers renders it."""
+
+    def __init__(self, source: str, *, model: str, source_path: str, special_tokens: dict[str, str] | None = None):
+        self.model = model
+        self.source_path = source_path
+        self.origin = f"template {model}"
+        self._source = source
+        # transformers passes the tokenizer's special tokens (bos_token, eos_token, ...) to every render.
+        self._special_tokens = dict(special_tokens or {})
+        ctu = _transformers_pieces()
+        try:
+            reference = ctu._compile_jinja_template(source)
+        except jinja2.TemplateSyntaxError as err:
+            raise RenderError(
+                f"{source_path} for model {model} does not parse: {err.message} (line {err.lineno})",
+                model=model,
+                path=source_path,
+                source_line=err.lineno,
+            ) from err
+        self._reference = reference
+        overlay = reference.environment.overlay()
+        overlay.code_generator_class = _ProvenanceCodeGenerator
+        self._recorder = _Recorder()
+        overlay.drift_record = self._record  # type: ignore[attr-defined]
+        self._template = overlay.from_string(source)
+
+    def source_lines(self) -> list[str]:
+        return self._source.splitlines()
+
+    def _record(self, line: int, is_root: bool, value: str) -> str:
+        rec = self._recorder
+        text = str(value)
+        node = _Record(line, text, [])
+        # Records arrive in post-order: a macro's outputs are recorded before the call that returns them.
+        # Adopt the most recent pending records when they concatenate to exactly this value.
+        pending = rec.pending
+        joined = ""
+        for k in range(len(pending) - 1, -1, -1):
+            joined = pending[k].text + joined
+            if len(joined) > len(text):
+                break
+            if joined == text and text:
+                node.children = pending[k:]
+                del pending[k:]
+                break
+        if is_root:
+            rec.pending = []
+            rec.chunks.append((node, self._message_in_frame(sys._getframe(1))))
+        else:
+            pending.append(node)
+        return value
+
+    def _message_in_frame(self, frame) -> int:
+        ids = self._recorder.message_ids
+        for value in frame.f_locals.values():
+            index = ids.get(id(value))
+            if index is not None:
+                return index
+        return -1
+
+    def template_context(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                         kwargs: dict | None) -> tuple[list[dict], dict]:
+        """The messages and variables exactly as transformers hands them to the template."""
+        ctu = _transformers_pieces()
+        chat = ctu._normalize_chat_messages(messages)
+        chat = ctu._alias_reasoning_fields(ctu._plain_template_data(chat))
+        variables = {**self._special_tokens, **ctu._plain_template_data(dict(kwargs or {}))}
+        variables.update(
+            tools=ctu._plain_template_data(tools), documents=None, add_generation_prompt=add_generation_prompt
+        )
+        return chat, variables
+
+    def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+               kwargs: dict | None = None) -> Rendered:
+        chat, variables = self.template_context(messages, tools, add_generation_prompt, kwargs)
+        rec = self._recorder
+        rec.pending, rec.chunks = [], []
+        rec.message_ids = {id(m): i for i, m in enumerate(chat)}
+        try:
+            for _ in self._template.generate(messages=chat, **variables):
+                pass
+        except jinja2.TemplateError as err:
+            line = _template_line_of(err)
+            where = f" at line {line}" if line else ""
+            raise RenderError(
+                f"{self.source_path} for model {self.model} raised{where}: {err}",
+                model=self.model,
+                path=self.source_path,
+                source_line=line,
+            ) from err
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as err:
+            line = _template_line_of(err)
+            where = f" at line {line}" if line else ""
+            raise RenderError(
+                f"{self.source_path} for model {self.model} failed{where}: {type(err).__name__}: {err}",
+                model=self.model,
+                path=self.source_path,
+                source_line=line,
+            ) from err
+        return self._assemble(rec.chunks, chat)
+
+    def _assemble(self, chunks: list[tuple[_Record, int]], chat: list[dict]) -> Rendered:
+        parts: list[str] = []
+        message_index: list[int] = []
+        source_line: list[int] = []
+        for record, msg in chunks:
+            for line, text in _leaves(record):
+                parts.append(text)
+                source_line.extend([line] * len(text))
+            message_index.extend([msg] * len(record.text))
+        text = "".join(parts)
+        return Rendered(
+            text=text,
+            message_index=tuple(message_index),
+            source_line=tuple(source_line),
+            source_path=self.source_path,
+            origin=self.origin,
+        )
+
+    def render_reference(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+                         kwargs: dict | None = None) -> str:
+        """transformers' own rendering of the same inputs, for the parity test."""
+        ctu = _transformers_pieces()
+        chat = ctu._normalize_chat_messages(messages)
+        rendered, _ = ctu.render_jinja_template(
+            conversations=[chat],
+            tools=tools,
+            chat_template=self._source,
+            add_generation_prompt=add_generation_prompt,
+            **self._special_tokens,
+            **(kwargs or {}),
+        )
+        return rendered[0]
+
+
+def _template_line_of(err: BaseException) -> int | None:
+    """The template line active where `err` was raised.
+
+    Jinja rewrites tracebacks so that frames of compiled templates carry the template's own line numbers.
+    """
+    tb = err.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line

@@ -1,0 +1,115 @@
+"""Rendering: parity with transformers' apply_chat_template, provenance, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from conversations import CONVERSATIONS, TOOLS
+
+from engine.errors import RenderError
+from engine.models import load_model
+from engine.provenance import spans
+from engine.render.jinja import JinjaRenderer
+
+JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss"]
+KWARG_VARIANTS = {
+    "qwen3.6": [{}, {"preserve_thinking": True}, {"enable_thinking": False}],
+    "qwen3.5": [{}, {"enable_thinking": True}],
+    "glm-5.1": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
+    "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
+    "gpt-oss": [{}, {"reasoning_effort": "high"}],
+}
+
+
+@pytest.mark.parametrize("model_id", JINJA_MODELS)
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_jinja_render_matches_transformers(model_id: str, conversation: str, generation_prompt: bool) -> None:
+    model = load_model(model_id)
+    messages, tools = CONVERSATIONS[conversation]
+    for kwargs in KWARG_VARIANTS[model_id]:
+        try:
+            theirs = model.renderer.render_reference(messages, tools, add_generation_prompt=generation_prompt,
+                                                     kwargs=kwargs)
+        except Exception as their_error:  # noqa: BLE001 - the same inputs must fail the same way in ours
+            with pytest.raises(RenderError) as caught:
+                model.renderer.render(messages, tools, add_generation_prompt=generation_prompt, kwargs=kwargs)
+            assert str(their_error) in str(caught.value)
+            continue
+        ours = model.renderer.render(messages, tools, add_generation_prompt=generation_prompt, kwargs=kwargs)
+        assert ours.text == theirs
+        assert len(ours.message_index) == len(ours.text) == len(ours.source_line)
+
+
+def _line_of(rendered, needle: str, model) -> tuple[int, str, int]:
+    at = rendered.text.index(needle)
+    line = rendered.source_line[at]
+    return line, model.renderer.source_lines()[line - 1], rendered.message_index[at]
+
+
+def test_provenance_points_at_the_emitting_template_line() -> None:
+    model = load_model("qwen3.5")
+    messages, tools = CONVERSATIONS["tool-round"]
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=True, kwargs={"enable_thinking": True})
+    line, text, message = _line_of(rendered, "<parameter=city>", model)
+    assert (line, message) == (121, 2)
+    assert "'<parameter=' + args_name + '>\\n'" in text
+    line, text, message = _line_of(rendered, "sunny, 21C", model)
+    assert (line, message) == (136, 3)
+    assert text.strip() == "{{- content }}"
+    # The generation prompt is scaffolding: no message, the enable_thinking branch's line.
+    at = rendered.text.rindex("<think>\n")
+    assert rendered.message_index[at] == -1
+    assert model.renderer.source_lines()[rendered.source_line[at] - 1].strip() == "{{- '<think>\\n' }}"
+
+
+def test_provenance_follows_output_into_macros() -> None:
+    model = load_model("kimi-k2.6")
+    messages, tools = CONVERSATIONS["tool-round"]
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=True)
+    line, text, message = _line_of(rendered, "<|tool_calls_section_begin|>", model)
+    assert (line, message) == (31, 2)
+    assert text.strip() == "<|tool_calls_section_begin|>"
+
+
+def test_qwen_history_reasoning_dropped_at_line_103() -> None:
+    model = load_model("qwen3.6")
+    messages, tools = CONVERSATIONS["full-round-next-user"]
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=True)
+    assert "Call the tool." not in rendered.text
+    line, text, _ = _line_of(rendered, "<|im_start|>assistant\nIt is sunny", model)
+    assert line == 103 and "'<|im_start|>' + message.role + '\\n' + content" in text
+    kept = model.renderer.render(messages, tools, add_generation_prompt=True, kwargs={"preserve_thinking": True})
+    assert "<think>\nCall the tool.\n</think>\n\n" in kept.text
+
+
+def test_spans_cover_the_text() -> None:
+    model = load_model("glm-5.1")
+    messages, tools = CONVERSATIONS["tool-round"]
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=True)
+    covered = spans(rendered)
+    assert "".join(rendered.text[s.start:s.end] for s in covered) == rendered.text
+    assert all(s.source_line > 0 for s in covered)
+
+
+def test_raise_exception_names_model_file_and_line() -> None:
+    model = load_model("qwen3.5")
+    with pytest.raises(RenderError) as caught:
+        model.renderer.render([{"role": "assistant", "content": "hi"}], None, add_generation_prompt=True)
+    assert str(caught.value) == (
+        "Qwen-Qwen3.5-0.8B.jinja for model qwen3.5 raised at line 79: No user query found in messages."
+    )
+    assert caught.value.source_line == 79
+
+
+def test_template_that_does_not_parse_is_a_clear_error() -> None:
+    with pytest.raises(RenderError) as caught:
+        JinjaRenderer("{% for m in messages %}{{ m.content }", model="custom", source_path="broken.jinja")
+    assert str(caught.value).startswith("broken.jinja for model custom does not parse: ")
+    assert caught.value.source_line == 1
+
+
+def test_tools_render_in_every_tool_template() -> None:
+    for model_id in JINJA_MODELS:
+        rendered = load_model(model_id).renderer.render([{"role": "user", "content": "x"}], TOOLS,
+                                                        add_generation_prompt=True)
+        assert "get_weather" in rendered.text, model_id
