@@ -134,10 +134,10 @@ def build_renderer(spec: ModelSpec, kind: str, assets_dir: Path | None = None) -
         return JinjaRenderer(source, model=spec.id, source_path=Path(spec.assets["chat_template"].path).name or
                              asset.name, special_tokens=_special_token_vars(spec)), asset
     if kind == "deepseek_v4":
-        from engine.render.deepseek_v4 import DeepSeekV4Renderer
+        from engine.render.deepseek_v4 import DeepSeekV4Renderer, load_encoder_module
 
         asset = resolve_asset(spec.id, spec.hub_repo, spec.assets["encoder"], assets_dir)
-        return DeepSeekV4Renderer.from_asset(asset), asset
+        return DeepSeekV4Renderer(load_encoder_module(asset.path)), asset
     if kind == "harmony":
         from engine.render.harmony import HarmonyRenderer
 
