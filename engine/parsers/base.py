@@ -1,0 +1,138 @@
+"""Shared pieces of every engine emulation: the engine base class, family parser base, edit recording, request prep."""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from engine.types import Edit, Location, ParseResult, ToolCall
+
+
+@dataclass(frozen=True)
+class RequestPrep:
+    """The next request's messages as the engine hands them to the template, with the edits it made."""
+
+    messages: list[dict]
+    edits: tuple[Edit, ...]
+    error: str | None
+
+
+@dataclass
+class EditLog:
+    """Collects the text-changing steps of one parse; a step that changed nothing is not recorded."""
+
+    origin: str
+    edits: list[Edit] = field(default_factory=list)
+
+    def record(
+        self, step: str, before: str, after: str, path: str, line: int, end_line: int | None, description: str
+    ) -> None:
+        if before != after:
+            self.edits.append(Edit(step, before, after, Location(self.origin, path, line, end_line), description))
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    reasoning: str | None
+    content: str | None
+    calls: tuple[ToolCall, ...]
+    error: str | None = None
+
+
+class FamilyParser(ABC):
+    """One model family's reasoning + tool-call parsing as one engine version does it."""
+
+    @abstractmethod
+    def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
+        """Return what the client receives; `chunks` is only read when `stream` is true."""
+
+
+class NotEmulated(FamilyParser):
+    """Placeholder for a parser the engine has but this project does not emulate yet: fails clearly."""
+
+    def __init__(self, engine: str, name: str) -> None:
+        self.engine = engine
+        self.name = name
+
+    def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
+        raise NotImplementedError(f"{self.engine}: parser {self.name!r} is registered but not emulated yet")
+
+
+def default_chunks(text: str, width: int = 4) -> list[str]:
+    """Streaming chunks when the caller gives none: pieces of `width` characters (at least one, possibly empty)."""
+    return [text[i : i + width] for i in range(0, len(text), width)] or [""]
+
+
+def tool_schema(tools: list[dict], name: str) -> dict | None:
+    """The parameters schema of the declared tool `name`, or None when the request does not declare it."""
+    for tool in tools:
+        function = tool.get("function", tool)
+        if function.get("name") == name:
+            parameters = function.get("parameters")
+            return parameters if isinstance(parameters, dict) else {}
+    return None
+
+
+class EngineEmulation(ABC):
+    """One serving engine at one version: its parsers by CLI name, its response parsing and its request side."""
+
+    name: str
+    version: str
+    reasoning_parsers: dict[str, str]
+    tool_parsers: dict[str, str]
+
+    @property
+    def origin(self) -> str:
+        return f"{self.name} {self.version}"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @abstractmethod
+    def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
+        """The family parser that handles this pair of CLI names."""
+
+    def _check_names(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
+        if reasoning_parser is not None and reasoning_parser not in self.reasoning_parsers:
+            raise ValueError(
+                f"{self.spec}: unknown reasoning parser {reasoning_parser!r}; known: "
+                f"{', '.join(sorted(self.reasoning_parsers))}"
+            )
+        if tool_parser is not None and tool_parser not in self.tool_parsers:
+            raise ValueError(
+                f"{self.spec}: unknown tool parser {tool_parser!r}; known: {', '.join(sorted(self.tool_parsers))}"
+            )
+
+    def parse(
+        self,
+        text: str,
+        *,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        tools: list[dict] | None = None,
+        stream: bool = False,
+        chunks: list[str] | None = None,
+        chat_template_kwargs: dict | None = None,
+        history_tool_calls: int = 0,
+    ) -> ParseResult:
+        self._check_names(reasoning_parser, tool_parser)
+        log = EditLog(self.origin)
+        if reasoning_parser is None and tool_parser is None:
+            return ParseResult(reasoning=None, content=text)
+        parser = self.family_parser(reasoning_parser, tool_parser)
+        if stream and chunks is not None and "".join(chunks) != text:
+            raise ValueError("chunks must concatenate to text")
+        turn = parser.parse(
+            text, list(tools or []), stream, chunks if chunks is not None else default_chunks(text), log
+        )
+        return ParseResult(turn.reasoning, turn.content, turn.calls, tuple(log.edits), turn.error)
+
+    @abstractmethod
+    def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
+        """Rewrite the next request's messages the way this engine does before its template sees them."""
+
+    @staticmethod
+    def _copy(messages: list[dict]) -> list[dict]:
+        return copy.deepcopy(messages)

@@ -1,0 +1,26 @@
+"""SGLang 0.5.12 Qwen3: the non-streaming reasoning parser strips the whole output and the answer; <tool_call> does not
+end reasoning (no tool_call_parser_active yet)."""
+
+from __future__ import annotations
+
+from engine.parsers.base import EditLog
+from engine.parsers.sglang_0_5_23.qwen3 import REASONING, SglangQwen3Parser
+
+
+class SglangQwen3Parser0512(SglangQwen3Parser):
+    tool_call_ends_reasoning = False
+    unparsed_markup_kept = True
+
+    def prestrip(self, text: str, stream: bool, log: EditLog) -> str:
+        if stream:
+            return text
+        stripped = text.replace("<think>", "").strip()
+        log.record("reasoning_strip", text, stripped, REASONING, 75, 75, "text.replace('<think>', '').strip()")
+        return stripped
+
+    def strip_content(self, rest: str, stream: bool, log: EditLog) -> str:
+        if stream:
+            return rest
+        stripped = rest.strip()
+        log.record("content_strip", rest, stripped, REASONING, 89, 89, "normal_text = splits[1].strip()")
+        return stripped

@@ -1,0 +1,76 @@
+"""SGLang 0.5.23: parser emulations keyed by SGLang's own CLI names, and the request-side rewrite."""
+
+from __future__ import annotations
+
+import json
+
+from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, NotEmulated, RequestPrep
+from engine.parsers.sglang_0_5_23.qwen3 import SglangQwen3Parser
+
+REASONING_FAMILY = {
+    "qwen3": "qwen3",
+    "glm45": "glm",
+    "kimi_k2": "kimi_k2",
+    "deepseek-v3": "deepseek",
+    "deepseek-v4": "deepseek",
+    "gpt-oss": "gpt_oss",
+}
+TOOL_FAMILY = {
+    "qwen3_coder": "qwen3",
+    "qwen": "qwen3",
+    "glm45": "glm",
+    "glm47": "glm",
+    "kimi_k2": "kimi_k2",
+    "deepseekv3": "deepseek",
+    "deepseek-v3": "deepseek",
+    "deepseekv31": "deepseek",
+    "deepseekv32": "deepseek",
+    "deepseekv4": "deepseek",
+    "deepseek-v4": "deepseek",
+    "gpt-oss": "gpt_oss",
+}
+SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
+
+
+class SglangEmulation(EngineEmulation):
+    name = "sglang"
+    version = "0.5.23"
+    reasoning_parsers = REASONING_FAMILY
+    tool_parsers = TOOL_FAMILY
+    qwen3_parser: type[SglangQwen3Parser] = SglangQwen3Parser
+
+    def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
+        family = TOOL_FAMILY.get(tool_parser or "") or REASONING_FAMILY.get(reasoning_parser or "")
+        if family == "qwen3":
+            return self.qwen3_parser(tool_parser)
+        return NotEmulated(self.spec, tool_parser or reasoning_parser or "")
+
+    def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
+        log = EditLog(self.origin)
+        prepared = self._copy(messages)
+        for index, message in enumerate(prepared):
+            for call in message.get("tool_calls") or []:
+                arguments = call.get("function", {}).get("arguments")
+                if not isinstance(arguments, str):
+                    continue
+                try:
+                    parsed = json.loads(arguments)
+                except ValueError as exc:
+                    return RequestPrep(
+                        prepared, tuple(log.edits), f"messages[{index}]: tool call arguments are not valid JSON ({exc})"
+                    )
+                if not isinstance(parsed, dict):
+                    return RequestPrep(
+                        prepared, tuple(log.edits), f"messages[{index}]: tool call arguments must be a JSON object"
+                    )
+                call["function"]["arguments"] = parsed
+                log.record(
+                    "args_orjson_loads",
+                    arguments,
+                    json.dumps(parsed, ensure_ascii=False),
+                    SERVING_CHAT,
+                    181,
+                    194,
+                    "arguments string parsed (orjson) into a dict before rendering",
+                )
+        return RequestPrep(prepared, tuple(log.edits), None)

@@ -1,0 +1,119 @@
+"""vLLM 0.33.0: parser emulations keyed by vLLM's own CLI names, and the request-side rewrite."""
+
+from __future__ import annotations
+
+import json
+
+from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, NotEmulated, RequestPrep
+from engine.parsers.vllm_0_33_0.qwen3 import Qwen3EngineParser
+
+REASONING_FAMILY = {
+    "qwen3": "qwen3",
+    "glm45": "glm",
+    "glm47": "glm",
+    "kimi_k2": "kimi_k2",
+    "deepseek_v3": "deepseek",
+    "deepseek_v4": "deepseek",
+    "openai_gptoss": "gpt_oss",
+}
+TOOL_FAMILY = {
+    "qwen3_coder": "qwen3",
+    "qwen3_xml": "qwen3",
+    "glm45": "glm",
+    "glm47": "glm",
+    "kimi_k2": "kimi_k2",
+    "deepseek_v3": "deepseek",
+    "deepseek_v31": "deepseek",
+    "deepseek_v32": "deepseek",
+    "deepseek_v4": "deepseek",
+    "openai": "gpt_oss",
+}
+PROTOCOL = "vllm/entrypoints/openai/chat_completion/protocol.py"
+CHAT_MESSAGE = "vllm/renderers/chat_utils/chat_message.py"
+
+
+class VllmEmulation(EngineEmulation):
+    name = "vllm"
+    version = "0.33.0"
+    reasoning_parsers = REASONING_FAMILY
+    tool_parsers = TOOL_FAMILY
+
+    def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
+        family = TOOL_FAMILY.get(tool_parser or "") or REASONING_FAMILY.get(reasoning_parser or "")
+        if family == "qwen3":
+            return Qwen3EngineParser()
+        return NotEmulated(self.spec, tool_parser or reasoning_parser or "")
+
+    def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
+        log = EditLog(self.origin)
+        prepared = self._copy(messages)
+        for index, message in enumerate(prepared):
+            if message.get("role") != "assistant":
+                continue
+            if "reasoning_content" in message:
+                legacy = message.pop("reasoning_content")
+                if message.get("reasoning") is None:
+                    message["reasoning"] = legacy
+                log.record(
+                    "rename_reasoning_content",
+                    f"messages[{index}].reasoning_content",
+                    f"messages[{index}].reasoning",
+                    PROTOCOL,
+                    584,
+                    600,
+                    "reasoning_content is renamed to reasoning (kept only if reasoning is absent)",
+                )
+            if message.get("reasoning") is not None:
+                message["reasoning_content"] = message["reasoning"]
+                log.record(
+                    "reasoning_both_fields",
+                    f"messages[{index}].reasoning",
+                    f"messages[{index}].reasoning + reasoning_content",
+                    CHAT_MESSAGE,
+                    619,
+                    660,
+                    "the template receives the reasoning under both names",
+                )
+            if "tool_calls" in message and not message["tool_calls"]:
+                del message["tool_calls"]
+                log.record(
+                    "drop_empty_tool_calls",
+                    f"messages[{index}].tool_calls=[]",
+                    "",
+                    CHAT_MESSAGE,
+                    699,
+                    771,
+                    "an empty tool_calls list is dropped",
+                )
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", {})
+                arguments = function.get("arguments")
+                if not isinstance(arguments, str):
+                    continue
+                try:
+                    parsed = json.loads(arguments)
+                except ValueError:
+                    parsed = None
+                if not isinstance(parsed, dict):
+                    log.record(
+                        "args_invalid_to_empty",
+                        arguments,
+                        "{}",
+                        CHAT_MESSAGE,
+                        699,
+                        771,
+                        "arguments that are not a JSON object become {} (warning)",
+                    )
+                    parsed = {}
+                else:
+                    log.record(
+                        "args_json_loads",
+                        arguments,
+                        json.dumps(parsed, ensure_ascii=False),
+                        CHAT_MESSAGE,
+                        699,
+                        771,
+                        "arguments string parsed into a dict; the template re-serialises it",
+                    )
+                function["arguments"] = parsed
+        return RequestPrep(prepared, tuple(log.edits), None)
