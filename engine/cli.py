@@ -131,6 +131,98 @@ def cmd_session(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(value: str | None) -> list[str] | None:
+    return [v for v in value.split(",") if v] if value else None
+
+
+def parse_model_kwargs(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for pair in pairs or []:
+        model, sep, rest = pair.partition(":")
+        if not sep:
+            raise ExplorerError(f"--kwargs takes model:key=value, got {pair!r}")
+        out.setdefault(model, {}).update(parse_kwargs([rest]))
+    return out
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from engine.matrix import MatrixRequest, default_request, matrix_json, run_matrix
+
+    default = default_request()
+    request = MatrixRequest(
+        models=tuple(_split(args.models) or default.models),
+        scenarios=tuple(_split(args.scenarios) or default.scenarios),
+        engines=tuple(_split(args.engines) or default.engines),
+        kwargs=parse_model_kwargs(args.kwargs),
+    )
+    cells = run_matrix(request)
+    data = matrix_json(cells)
+    if args.json:
+        _write_json(data, args.json)
+    if args.markdown:
+        Path(args.markdown).write_text(matrix_markdown(request, cells), encoding="utf-8")
+    if args.json != "-":
+        print(matrix_markdown(request, cells))
+    return 0
+
+
+def matrix_markdown(request, cells) -> str:
+    from engine.matrix import cell_label
+
+    by_key = {(c.scenario, c.model, c.engine): c for c in cells}
+    engines = [e.split("@")[0] for e in request.engines]
+    header = "| scenario | " + " | ".join(f"{m} {e}" for m in request.models for e in engines) + " |"
+    rule = "|---" * (1 + len(request.models) * len(engines)) + "|"
+    rows = [header, rule]
+    for s in request.scenarios:
+        row = [s] + [cell_label(by_key[(s, m, e)]) if (s, m, e) in by_key else "" for m in request.models
+                     for e in engines]
+        rows.append("| " + " | ".join(row) + " |")
+    causes = [f"- {c.model} · {c.scenario} · {c.engine}{'@' + c.engine_version if c.engine_version else ''}: "
+              f"{c.cause.stage} {c.cause.location} ({c.cause.kind}); fix: {c.cause.fix['text'] if c.cause.fix else '—'}"
+              for c in cells if c.cause]
+    return "\n".join(rows) + "\n\n" + "\n".join(causes) + "\n"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from engine.check import check_template
+
+    report = check_template(args.model, Path(args.template), args.engine)
+    print(report.text)
+    return 1 if report.breaks else 0
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    from engine.models import load_spec
+    from engine.parsers import get_engine
+
+    emulation = get_engine(args.engine)
+    spec = load_spec(args.model)
+    names = spec.engine_parsers.get(emulation.name, {})
+    try:
+        text = Path(args.text).read_bytes().decode("utf-8", errors="replace")
+        tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ExplorerError(f"cannot read parse input: {err}") from err
+    try:
+        result = emulation.parse(text, reasoning_parser=args.reasoning_parser or names.get("reasoning_parser"),
+                                 tool_parser=args.tool_call_parser or names.get("tool_call_parser"), tools=tools,
+                                 stream=args.stream)
+    except ValueError as err:
+        raise ExplorerError(str(err)) from err
+    data = result.to_json()
+    if args.json:
+        _write_json({k: data[k] for k in ("reasoning", "content", "tool_calls", "edits")}, args.json)
+        return 0
+    print(f"reasoning: {result.reasoning!r}\ncontent:   {result.content!r}")
+    for call in result.tool_calls:
+        print(f"tool call: {call.name} id={call.id} arguments={call.arguments}")
+    for edit in result.edits:
+        print(f"edit {edit.step} at {edit.location.origin} {edit.location}: {edit.before[:60]!r} -> "
+              f"{edit.after[:60]!r} ({edit.description})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +245,32 @@ def build_parser() -> argparse.ArgumentParser:
     session.add_argument("--checkpoint-policy", default="prompt-and-generation-end")
     session.add_argument("--json", metavar="PATH|-")
     session.set_defaults(func=cmd_session)
+
+    matrix = sub.add_parser("matrix", help="the drift matrix: models × scenarios × engines")
+    matrix.add_argument("--models")
+    matrix.add_argument("--scenarios")
+    matrix.add_argument("--engines", help="vllm, sglang, raw, bridge; engine@version selects a version")
+    matrix.add_argument("--kwargs", action="append", metavar="MODEL:KEY=VALUE")
+    matrix.add_argument("--json", metavar="PATH|-")
+    matrix.add_argument("--markdown", metavar="PATH")
+    matrix.set_defaults(func=cmd_matrix)
+
+    check = sub.add_parser("check", help="exit 1 when any scenario breaks PRR with this template (for CI)")
+    check.add_argument("--model", required=True)
+    check.add_argument("--template", required=True)
+    check.add_argument("--engine", default="raw")
+    check.set_defaults(func=cmd_check)
+
+    parse = sub.add_parser("parse", help="what an engine's parsers return for a model output, with every edit")
+    parse.add_argument("--engine", required=True, help="e.g. vllm@0.33.0, sglang@0.5.23")
+    parse.add_argument("--model", required=True)
+    parse.add_argument("--text", required=True, help="a file holding the raw model output")
+    parse.add_argument("--tools")
+    parse.add_argument("--reasoning-parser")
+    parse.add_argument("--tool-call-parser")
+    parse.add_argument("--stream", action="store_true")
+    parse.add_argument("--json", metavar="PATH|-")
+    parse.set_defaults(func=cmd_parse)
     return parser
 
 

@@ -43,7 +43,8 @@ def load_session(name_or_path: str) -> SessionScript:
     if not path.is_file():
         path = SESSIONS_DIR / f"{name_or_path}.json"
     if not path.is_file():
-        raise ExplorerError(f"no session script {name_or_path!r}: not a file, and not one of {', '.join(session_ids())}")
+        known = ", ".join(session_ids())
+        raise ExplorerError(f"no session script {name_or_path!r}: not a file, and not one of {known}")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         stamp = raw.get("timestamp", {})

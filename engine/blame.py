@@ -1,0 +1,108 @@
+"""Cause attribution, computed rather than looked up.
+
+Engine or template? The same cell is re-run with the lossless `raw` parser: if raw holds where the engine breaks,
+the engine's first text-changing edit is the cause (with its source line). Otherwise the template line that emitted
+the first differing character of the next prompt is. A break at token level only is a tokenizer boundary cause.
+Fix hints are computed too: each boolean template kwarg is flipped, and other versions of the engine are tried;
+the first that makes the boundary hold is the hint, else the bridge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.models import LoadedModel
+from engine.scenario import Scenario
+from engine.simulate import Boundary, Cause, run_cell_with
+
+
+def _first_break(boundaries: tuple[Boundary, ...]) -> Boundary:
+    return next(b for b in boundaries if not b.holds)
+
+
+def _boundary_holds(model: LoadedModel, scenario_id: str, engine: str, kwargs: dict, index: int) -> bool:
+    cell = run_cell_with(model, scenario_id, engine, kwargs, explain=False)
+    if cell.status != "holds" and cell.status != "breaks":
+        return False
+    match = [b for b in cell.boundaries if b.index == index]
+    return bool(match) and match[0].holds
+
+
+def _fix_hint(model: LoadedModel, scenario: Scenario, engine: str, user_kwargs: dict, index: int,
+              stage: str) -> dict:
+    for kwarg in model.spec.template_kwargs:
+        if not isinstance(kwarg.default, bool):
+            continue
+        flipped = {**user_kwargs, kwarg.name: not kwarg.default}
+        if _boundary_holds(model, scenario.id, engine, flipped, index):
+            return {"kind": "kwarg", "kwarg": kwarg.name, "value": not kwarg.default,
+                    "text": f"set {kwarg.name}={'true' if not kwarg.default else 'false'}"}
+    if stage == "parser":
+        from engine.parsers import get_engine, list_engines
+
+        current = get_engine(engine).spec
+        for other in list_engines():
+            if other != current and _boundary_holds(model, scenario.id, other, user_kwargs, index):
+                return {"kind": "engine", "engine": other, "text": f"serve with {other}"}
+    return {"kind": "bridge", "engine": "bridge",
+            "text": "build the next prompt by appending to the previous token ids (bridge) instead of re-rendering"}
+
+
+def _classify_template(boundary: Boundary, at: int) -> str:
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    reasoning = boundary.parse.reasoning
+    if boundary.completion.truncated and at >= len(boundary.prev_prompt.text):
+        return "closes-truncated-output"
+    if reasoning and reasoning.strip() and reasoning.strip() not in nxt[len(boundary.prev_prompt.text) - 200:]:
+        return "reasoning-dropped"
+    a, b = prev[at:at + 1], nxt[at:at + 1]
+    if a.isspace() or b.isspace() or not a or not b:
+        return "whitespace-rewritten"
+    return "output-rewritten"
+
+
+def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
+                  user_kwargs: dict[str, Any], boundaries: tuple[Boundary, ...]) -> Cause:
+    boundary = _first_break(boundaries)
+    if boundary.string_prefix.holds:
+        fix = _fix_hint(model, scenario, engine, user_kwargs, boundary.index, "tokenizer")
+        at = boundary.token_prefix.common if boundary.token_prefix else 0
+        prev_ids, next_ids = boundary.prev_ids or (), boundary.next_ids or ()
+        return Cause(
+            stage="tokenizer", kind="token-boundary",
+            location=f"{model.spec.assets['tokenizer'].hub_file}:0", origin=f"tokenizer {model.id}",
+            detail=(f"same text, different ids at token {at}: previous {list(prev_ids[at:at + 3])} vs next "
+                    f"{list(next_ids[at:at + 3])}; re-tokenizing the whole prompt does not give back the "
+                    "completion's own ids"),
+            fix=fix,
+        )
+    if engine not in ("raw", "bridge"):
+        raw = run_cell_with(model, scenario.id, "raw", user_kwargs, explain=False)
+        raw_boundary = next((b for b in raw.boundaries if b.index == boundary.index), None)
+        edits = [e for e in (*boundary.parse.edits, *boundary.request_edits) if e.before != e.after]
+        if raw_boundary is not None and raw_boundary.string_prefix.holds and edits:
+            edit = edits[0]
+            loc = edit.location
+            return Cause(
+                stage="parser", kind=edit.step, location=str(loc), origin=loc.origin,
+                detail=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}",
+                fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "parser"),
+            )
+    at = boundary.string_prefix.common
+    rendered = boundary.next_prompt
+    pos = min(at, len(rendered.text) - 1)
+    # A break at the first character of an output chunk means the chunk before it ended early (a branch that
+    # left something out); blame the line that emitted that chunk.
+    if 0 < pos < len(rendered.text) and rendered.source_line[pos] != rendered.source_line[pos - 1]:
+        pos -= 1
+    line = rendered.source_line[pos] if pos >= 0 else 0
+    lines = model.renderer.source_lines()
+    line_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    prev_snip, next_snip = boundary.prev_text[at:at + 24], rendered.text[at:at + 24]
+    return Cause(
+        stage="template", kind=_classify_template(boundary, at),
+        location=f"{rendered.source_path}:{line}", origin=rendered.origin,
+        detail=f"at char {at}: previous {prev_snip!r} vs next {next_snip!r}; emitted by: {line_text[:120]}",
+        fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "template"),
+        line_text=line_text,
+    )

@@ -1,0 +1,43 @@
+"""`python -m engine check`: a template author's CI gate — every scenario through a template file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.errors import ExplorerError
+from engine.models import load_model
+from engine.render.jinja import JinjaRenderer
+from engine.scenario import scenario_ids
+from engine.simulate import CellResult, run_cell_with
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    cells: tuple[CellResult, ...]
+
+    @property
+    def breaks(self) -> bool:
+        return any(c.status in ("breaks", "error") for c in self.cells)
+
+    @property
+    def text(self) -> str:
+        lines = []
+        for c in self.cells:
+            where = f" {c.cause.stage} {c.cause.location}: {c.cause.detail[:100]}" if c.cause else ""
+            note = f" ({c.note})" if c.status in ("error", "unavailable") and c.note else ""
+            lines.append(f"{c.status:<11} {c.scenario}{where}{note}")
+        broken = sum(c.status in ("breaks", "error") for c in self.cells)
+        lines.append(f"{broken} of {len(self.cells)} scenarios break PRR")
+        return "\n".join(lines)
+
+
+def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckReport:
+    try:
+        source = template.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ExplorerError(f"{template}: cannot read the template as UTF-8 text: {err}") from err
+    stock = load_model(model_id)
+    renderer = JinjaRenderer(source, model=f"{model_id} (custom)", source_path=template.name)
+    model = replace(stock, renderer=renderer)
+    return CheckReport(tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids()))

@@ -1,0 +1,118 @@
+"""Output formats: what a model emits for an abstract assistant turn, and a lossless splitter for it.
+
+One module per output family registers an `OutputFormat`. `write` produces the exact completion text, stop token
+included (unless truncated); `raw_parse` splits text exactly at the format's delimiters and keeps every byte, so a
+`raw` cell isolates what the template alone does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from engine.types import ParseResult
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    name: str
+    arguments: dict[str, Any]
+    call_id: str | None = None  # the model's own id where the format has one (Kimi's functions.name:N)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Variations real models produce, applied on top of the canonical output. None = canonical."""
+
+    reasoning_newlines_before: int | None = None  # newlines before the reasoning text
+    reasoning_newlines_after: int | None = None  # newlines between the reasoning text and the think close
+    newlines_after_think: int | None = None  # newlines between the think close and the content / tool call
+    close_think: bool = True  # False: a tool call without </think> before it
+    args_json: str = "canonical"  # canonical | compact | spaced | sorted
+    truncate_in: str | None = None  # reasoning | arguments | content: max_tokens cuts there, no stop token
+    truncate_keep: float = 0.5  # share of that part kept
+
+    def describe(self) -> str:
+        changed = [f"{k}={v!r}" for k, v in self.__dict__.items() if v != Knobs.__dataclass_fields__[k].default]
+        return ", ".join(changed) or "canonical"
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    reasoning: str | None
+    content: str
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    knobs: Knobs = field(default_factory=Knobs)
+
+
+def dump_arguments(arguments: dict[str, Any], style: str) -> str:
+    if style == "compact":
+        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    if style == "sorted":
+        return json.dumps(dict(sorted(arguments.items())), ensure_ascii=False)
+    if style == "ascii":
+        return json.dumps(arguments)
+    return json.dumps(arguments, ensure_ascii=False)  # canonical and spaced: json.dumps' own separators
+
+
+def dump_value(value: Any, style: str) -> str:
+    """A single argument value as XML-style formats write it: strings raw, everything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if style == "compact":
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # everything the model emitted, stop token included when it stopped
+    stop_token: str | None  # None when truncated by max_tokens
+    truncated: bool
+
+    @property
+    def parser_text(self) -> str:
+        """What the engine's parsers see: the engine drops the stop token from the returned text."""
+        return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
+
+
+def truncate(text: str, start: int, end: int, keep: float) -> str:
+    """Cut `text` inside [start, end) keeping `keep` of that span (at least one character when it has any)."""
+    length = end - start
+    cut = start + max(1 if length else 0, min(length - 1, int(length * keep))) if length > 1 else start + length
+    return text[:cut]
+
+
+class OutputFormat:
+    family: ClassVar[str]
+    # How the model's own template wants tool-call arguments in history: "mapping" (it iterates them) or
+    # "string" (it prints a string as-is). The raw engine hands them over that way, losslessly.
+    arguments_in_history: ClassVar[str] = "mapping"
+
+    def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
+        raise NotImplementedError
+
+    def raw_parse(self, text: str) -> ParseResult:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, OutputFormat] = {}
+
+
+def register(fmt: OutputFormat) -> OutputFormat:
+    _REGISTRY[fmt.family] = fmt
+    return fmt
+
+
+def get_format(family: str) -> OutputFormat:
+    import engine.formats  # noqa: F401 - registers the families
+
+    try:
+        return _REGISTRY[family]
+    except KeyError:
+        raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def with_knobs(turn: AssistantTurn, **changes: Any) -> AssistantTurn:
+    return replace(turn, knobs=replace(turn.knobs, **changes))

@@ -1,0 +1,84 @@
+"""DeepSeek V3.2 / V4 output (DSML): `reasoning</think>content\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="x">\n
+<｜DSML｜parameter name="k" string="true|false">v</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>`.
+
+The generation prompt ends with `<think>`. The encoder wants arguments as a JSON string and re-encodes them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_value, register, truncate
+from engine.types import ParseResult, ToolCall
+
+DSML = "｜DSML｜"
+
+
+class DsmlFormat(OutputFormat):
+    family = "dsml"
+    arguments_in_history = "string"
+
+    def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
+        k = turn.knobs
+        text = ""
+        spans: dict[str, tuple[int, int]] = {}
+        if turn.reasoning is not None:
+            text += "\n" * (k.reasoning_newlines_before or 0)
+            start = len(text)
+            text += turn.reasoning
+            spans["reasoning"] = (start, len(text))
+            text += "\n" * (k.reasoning_newlines_after or 0)
+            if k.close_think:
+                text += "</think>" + "\n" * (k.newlines_after_think or 0)
+        start = len(text)
+        text += turn.content
+        spans["content"] = (start, len(text))
+        if turn.tool_calls:
+            text += f"\n\n<{DSML}tool_calls>\n"
+            invokes = []
+            for call in turn.tool_calls:
+                params = "\n".join(
+                    f'<{DSML}parameter name="{key}" string="{"true" if isinstance(v, str) else "false"}">'
+                    f"{dump_value(v, k.args_json)}</{DSML}parameter>"
+                    for key, v in call.arguments.items()
+                )
+                invokes.append(f'<{DSML}invoke name="{call.name}">\n{params}\n</{DSML}invoke>')
+            args_start = len(text) + len(f'<{DSML}invoke name="{turn.tool_calls[0].name}">\n')
+            text += "\n".join(invokes)
+            spans["arguments"] = (args_start, len(text))
+            text += f"\n</{DSML}tool_calls>"
+        if k.truncate_in:
+            start, end = spans[k.truncate_in]
+            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
+        return Completion(text + stop_token, stop_token, False)
+
+    def raw_parse(self, text: str) -> ParseResult:
+        reasoning: str | None = None
+        rest = text
+        if "</think>" in text:
+            reasoning, rest = text.split("</think>", 1)
+        block = rest.find(f"\n\n<{DSML}tool_calls>")
+        if block < 0:
+            block = rest.find(f"<{DSML}tool_calls>")
+        if block < 0:
+            return ParseResult(reasoning=reasoning, content=rest)
+        if reasoning is None:
+            reasoning, rest, block = rest[:block], rest[block:], 0
+        calls = []
+        for invoke in re.finditer(rf'<{DSML}invoke name="([^"]*)">\n?(.*?)(?:</{DSML}invoke>|$)', rest[block:], re.S):
+            args: dict = {}
+            param = rf'<{DSML}parameter name="([^"]*)" string="(true|false)">(.*?)(?:</{DSML}parameter>|$)'
+            for p in re.finditer(param, invoke.group(2), re.S):
+                if p.group(2) == "true":
+                    args[p.group(1)] = p.group(3)
+                else:
+                    try:
+                        args[p.group(1)] = json.loads(p.group(3))
+                    except json.JSONDecodeError:
+                        args[p.group(1)] = p.group(3)
+            calls.append(ToolCall(id=None, name=invoke.group(1), arguments=json.dumps(args, ensure_ascii=False)))
+        return ParseResult(reasoning=reasoning, content=rest[:block], tool_calls=tuple(calls))
+
+
+register(DsmlFormat())

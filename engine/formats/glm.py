@@ -1,0 +1,65 @@
+"""GLM-4.5 … 5.1 output: `reasoning</think>content<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…`.
+
+The generation prompt ends with `<think>`; a tool call stops on `<|observation|>`, an answer on `<|user|>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_value, register, truncate
+from engine.types import ParseResult, ToolCall
+
+
+class GlmFormat(OutputFormat):
+    family = "glm"
+    arguments_in_history = "mapping"
+
+    def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
+        k = turn.knobs
+        text = ""
+        spans: dict[str, tuple[int, int]] = {}
+        if turn.reasoning is not None:
+            text += "\n" * (k.reasoning_newlines_before or 0)
+            start = len(text)
+            text += turn.reasoning
+            spans["reasoning"] = (start, len(text))
+            text += "\n" * (k.reasoning_newlines_after or 0)
+            if k.close_think:
+                text += "</think>" + "\n" * (k.newlines_after_think or 0)
+        start = len(text)
+        text += turn.content
+        spans["content"] = (start, len(text))
+        for call in turn.tool_calls:
+            text += f"<tool_call>{call.name}"
+            args_start = len(text)
+            for key, value in call.arguments.items():
+                text += f"<arg_key>{key}</arg_key><arg_value>{dump_value(value, k.args_json)}</arg_value>"
+            spans.setdefault("arguments", (args_start, len(text)))
+            text += "</tool_call>"
+        stop = "<|observation|>" if turn.tool_calls else stop_token
+        if k.truncate_in:
+            start, end = spans[k.truncate_in]
+            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
+        return Completion(text + stop, stop, False)
+
+    def raw_parse(self, text: str) -> ParseResult:
+        reasoning: str | None = None
+        rest = text
+        if "</think>" in text:
+            reasoning, rest = text.split("</think>", 1)
+        first_call = rest.find("<tool_call>")
+        if first_call < 0:
+            return ParseResult(reasoning=reasoning, content=rest)
+        if reasoning is None:
+            reasoning, rest, first_call = rest[:first_call], rest[first_call:], 0
+        calls = []
+        for block in re.finditer(r"<tool_call>([^<]*)(.*?)(?:</tool_call>|$)", rest[first_call:], re.S):
+            args = {m.group(1): m.group(2) for m in re.finditer(
+                r"<arg_key>(.*?)</arg_key><arg_value>(.*?)(?:</arg_value>|$)", block.group(2), re.S)}
+            calls.append(ToolCall(id=None, name=block.group(1), arguments=json.dumps(args, ensure_ascii=False)))
+        return ParseResult(reasoning=reasoning, content=rest[:first_call], tool_calls=tuple(calls))
+
+
+register(GlmFormat())

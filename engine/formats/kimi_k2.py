@@ -1,0 +1,70 @@
+"""Kimi K2.x output: `reasoning</think>content<|tool_calls_section_begin|><|tool_call_begin|>functions.name:N
+<|tool_call_argument_begin|>{json}<|tool_call_end|><|tool_calls_section_end|><|im_end|>`.
+
+The generation prompt ends with `<think>`. Arguments are the model's own JSON text, which the template prints
+as-is when it gets a string.
+"""
+
+from __future__ import annotations
+
+import re
+
+from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_arguments, register, truncate
+from engine.types import ParseResult, ToolCall
+
+_CALL = r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*?)(?:<\|tool_call_end\|>|$)"
+
+
+class KimiK2Format(OutputFormat):
+    family = "kimi_k2"
+    arguments_in_history = "string"
+
+    def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
+        k = turn.knobs
+        text = ""
+        spans: dict[str, tuple[int, int]] = {}
+        if turn.reasoning is not None:
+            text += "\n" * (k.reasoning_newlines_before or 0)
+            start = len(text)
+            text += turn.reasoning
+            spans["reasoning"] = (start, len(text))
+            text += "\n" * (k.reasoning_newlines_after or 0)
+            if k.close_think:
+                text += "</think>" + "\n" * (k.newlines_after_think or 0)
+        start = len(text)
+        text += turn.content
+        spans["content"] = (start, len(text))
+        if turn.tool_calls:
+            text += "<|tool_calls_section_begin|>"
+            for i, call in enumerate(turn.tool_calls):
+                call_id = call.call_id or f"functions.{call.name}:{i}"
+                text += f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>"
+                args_start = len(text)
+                text += dump_arguments(call.arguments, k.args_json)
+                spans.setdefault("arguments", (args_start, len(text)))
+                text += "<|tool_call_end|>"
+            text += "<|tool_calls_section_end|>"
+        if k.truncate_in:
+            start, end = spans[k.truncate_in]
+            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
+        return Completion(text + stop_token, stop_token, False)
+
+    def raw_parse(self, text: str) -> ParseResult:
+        reasoning: str | None = None
+        rest = text
+        if "</think>" in text:
+            reasoning, rest = text.split("</think>", 1)
+        section = rest.find("<|tool_calls_section_begin|>")
+        if section < 0:
+            return ParseResult(reasoning=reasoning, content=rest)
+        if reasoning is None:
+            reasoning, rest, section = rest[:section], rest[section:], 0
+        calls = [
+            ToolCall(id=m.group(1), name=m.group(1).removeprefix("functions.").rsplit(":", 1)[0],
+                     arguments=m.group(2))
+            for m in re.finditer(_CALL, rest[section:], re.S)
+        ]
+        return ParseResult(reasoning=reasoning, content=rest[:section], tool_calls=tuple(calls))
+
+
+register(KimiK2Format())

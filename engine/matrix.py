@@ -1,0 +1,83 @@
+"""The drift matrix: every model × scenario × engine cell, and its JSON contract (`python -m engine matrix`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.models import default_model_ids
+from engine.scenario import load_scenario, scenario_ids
+from engine.simulate import ENGINES, Boundary, CellResult, run_cell
+
+
+@dataclass(frozen=True)
+class MatrixRequest:
+    models: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    engines: tuple[str, ...]
+    kwargs: dict[str, dict[str, Any]]  # model id -> template kwargs
+
+
+def default_request() -> MatrixRequest:
+    return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
+
+
+def run_matrix(request: MatrixRequest) -> list[CellResult]:
+    return [
+        run_cell(m, s, e, request.kwargs.get(m, {}))
+        for m in request.models
+        for s in request.scenarios
+        for e in request.engines
+    ]
+
+
+def boundary_json(b: Boundary) -> dict:
+    return {
+        "index": b.index,
+        "trigger": b.trigger,
+        "string_prefix": b.string_prefix.to_json(),
+        "token_prefix": b.token_prefix.to_json() if b.token_prefix else None,
+        "reused_tokens": b.reused_tokens,
+        "prefill_tokens": b.prefill_tokens,
+        "truncated": b.completion.truncated,
+    }
+
+
+def cell_json(cell: CellResult) -> dict:
+    focus = cell.focus
+    return {
+        "model": cell.model,
+        "scenario": cell.scenario,
+        "engine": cell.engine,
+        "engine_version": cell.engine_version,
+        "kwargs": cell.kwargs,
+        "status": cell.status,
+        "string_prefix": focus.string_prefix.to_json() if focus else None,
+        "token_prefix": focus.token_prefix.to_json() if focus and focus.token_prefix else None,
+        "reused_tokens": focus.reused_tokens if focus else None,
+        "prefill_tokens": focus.prefill_tokens if focus else None,
+        "cause": cell.cause.to_json() if cell.cause else None,
+        "note": cell.note,
+        "boundaries": [boundary_json(b) for b in cell.boundaries],
+    }
+
+
+def matrix_json(cells: list[CellResult]) -> dict:
+    scenarios = sorted({c.scenario for c in cells})
+    return {
+        "scenarios": {s: load_scenario(s).description for s in scenarios},
+        "cells": [cell_json(c) for c in cells],
+    }
+
+
+STATUS_MARK = {"holds": "✓", "breaks": "✗", "error": "!", "unavailable": "–"}
+
+
+def cell_label(cell: CellResult) -> str:
+    focus = cell.focus
+    if cell.status == "breaks" and focus is not None:
+        lost = (focus.token_prefix.prev_len - focus.token_prefix.common) if focus.token_prefix else \
+            focus.string_prefix.prev_len - focus.string_prefix.common
+        unit = "tok" if focus.token_prefix else "chr"
+        return f"✗ -{lost}{unit}"
+    return STATUS_MARK[cell.status]

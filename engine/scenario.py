@@ -1,0 +1,88 @@
+"""Scenarios are data (`scenarios/*.yaml`): model-independent scripts of turns plus the output knobs they set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.errors import ExplorerError
+from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
+
+SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@dataclass(frozen=True)
+class ScriptTurn:
+    role: str  # user | tool | assistant
+    text: str = ""
+    assistant: AssistantTurn | None = None
+    noncanonical_tokens: bool = False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    description: str
+    tools: list[dict] | None
+    system: str | None
+    turns: tuple[ScriptTurn, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # the file it was read from, for evidence
+
+    @property
+    def knob_summary(self) -> str:
+        knobs = [t.assistant.knobs.describe() for t in self.turns if t.assistant]
+        noncanonical = any(t.noncanonical_tokens for t in self.turns)
+        parts = sorted({k for k in knobs if k != "canonical"})
+        if noncanonical:
+            parts.append("non-canonical completion tokens")
+        return "; ".join(parts) or "canonical output"
+
+
+@cache
+def tool_library() -> dict[str, dict]:
+    return yaml.safe_load((SCENARIOS_DIR / "tools.yaml").read_text(encoding="utf-8"))
+
+
+def scenario_ids() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem != "tools")
+
+
+@cache
+def load_scenario(scenario_id: str) -> Scenario:
+    path = SCENARIOS_DIR / f"{scenario_id}.yaml"
+    if not path.is_file():
+        raise ExplorerError(f"unknown scenario {scenario_id!r}; known: {', '.join(scenario_ids())}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return scenario_from_data(raw, str(path.relative_to(SCENARIOS_DIR.parent)))
+
+
+def scenario_from_data(raw: dict, source: str) -> Scenario:
+    try:
+        library = tool_library()
+        tools = [library[name] for name in raw["tools"]] if raw.get("tools") else None
+        turns = []
+        for entry in raw["turns"]:
+            (role, body), = entry.items()
+            if role == "assistant":
+                calls = tuple(
+                    ToolCallSpec(name=c["name"], arguments=dict(c.get("arguments") or {}), call_id=c.get("id"))
+                    for c in body.get("tool_calls") or ()
+                )
+                turn = AssistantTurn(reasoning=body.get("reasoning"), content=body.get("content") or "",
+                                     tool_calls=calls, knobs=Knobs(**(body.get("knobs") or {})))
+                turns.append(ScriptTurn("assistant", assistant=turn,
+                                        noncanonical_tokens=body.get("completion_tokens") == "noncanonical"))
+            elif role in ("user", "tool"):
+                turns.append(ScriptTurn(role, text=str(body)))
+            else:
+                raise ValueError(f"unknown turn role {role!r}")
+        return Scenario(id=raw["id"], description=raw.get("description", ""), tools=tools,
+                        system=raw.get("system"), turns=tuple(turns), kwargs=dict(raw.get("kwargs") or {}),
+                        source=source)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ExplorerError(f"scenario {source} is malformed: {err}") from err
