@@ -341,17 +341,15 @@ def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion,
     if completion.truncated:
         close = stop + close
     appended = close + text[new_start:]
-    out_text = prompt.text + completion.text + appended
-    n_prev = len(prompt.text) + len(completion.text)
     return Rendered(
-        text=out_text,
+        text=prompt.text + completion.text + appended,
         message_index=prompt.message_index + (assistant_index,) * len(completion.text)
         + (assistant_index,) * len(close) + idx[new_start:],
         source_line=prompt.source_line + (0,) * (len(completion.text) + len(close))
         + rendered_next.source_line[new_start:],
         source_path=rendered_next.source_path,
         origin=f"bridge over {rendered_next.origin}",
-    ) if n_prev >= 0 else rendered_next
+    )
 
 
 def _bridge_ids(model: LoadedModel, prev_ids: tuple[int, ...] | None, appended: str) -> tuple[int, ...] | None:
