@@ -113,3 +113,13 @@ def test_tools_render_in_every_tool_template() -> None:
         rendered = load_model(model_id).renderer.render([{"role": "user", "content": "x"}], TOOLS,
                                                         add_generation_prompt=True)
         assert "get_weather" in rendered.text, model_id
+
+
+def test_harmony_renders_object_arguments_as_json_text() -> None:
+    model = load_model("gpt-oss", renderer="harmony")
+    messages, tools = CONVERSATIONS["tool-round"]
+    rendered = model.renderer.render(messages, tools, add_generation_prompt=True,
+                                     kwargs={"conversation_start_date": "2026-11-30"})
+    # openai-harmony 0.0.8 writes history calls in the header style `assistant to=… <|channel|>commentary json`.
+    assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+            "<|call|>") in rendered.text

@@ -28,6 +28,7 @@ exist, so `source_line` is 0.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -268,6 +269,9 @@ def _chat_message_to_harmony(message: dict, tool_names: dict) -> list[Any]:
         for call in tool_calls:
             function = call.get("function", {})
             arguments = function.get("arguments", "") or ""
+            if not isinstance(arguments, str):
+                # Clients may send arguments as an object; harmony message content must be text.
+                arguments = json.dumps(arguments, ensure_ascii=False)
             call_message = Message.from_role_and_content(Role.ASSISTANT, arguments)
             recipient = f"functions.{function.get('name', '')}"
             call_message = call_message.with_channel("commentary").with_recipient(recipient)
