@@ -77,6 +77,23 @@ class Completion:
         return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
 
 
+def reasoning_then_close(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`reasoning</think>` for formats whose canonical output has no newlines around it (GLM, Kimi, DSML);
+    the knobs add them. Returns the text and the reasoning's span."""
+    k = turn.knobs
+    text = ""
+    spans: dict[str, tuple[int, int]] = {}
+    if turn.reasoning is not None:
+        text += "\n" * (k.reasoning_newlines_before or 0)
+        start = len(text)
+        text += turn.reasoning
+        spans["reasoning"] = (start, len(text))
+        text += "\n" * (k.reasoning_newlines_after or 0)
+        if k.close_think:
+            text += "</think>" + "\n" * (k.newlines_after_think or 0)
+    return text, spans
+
+
 def truncate(text: str, start: int, end: int, keep: float) -> str:
     """Cut `text` inside [start, end) keeping `keep` of that span (at least one character when it has any)."""
     length = end - start

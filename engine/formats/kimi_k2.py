@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import re
 
-from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_arguments, register, truncate
+from engine.formats.base import (
+    AssistantTurn,
+    Completion,
+    OutputFormat,
+    dump_arguments,
+    reasoning_then_close,
+    register,
+    truncate,
+)
 from engine.types import ParseResult, ToolCall
 
 _CALL = r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*?)(?:<\|tool_call_end\|>|$)"
@@ -21,16 +29,7 @@ class KimiK2Format(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text = ""
-        spans: dict[str, tuple[int, int]] = {}
-        if turn.reasoning is not None:
-            text += "\n" * (k.reasoning_newlines_before or 0)
-            start = len(text)
-            text += turn.reasoning
-            spans["reasoning"] = (start, len(text))
-            text += "\n" * (k.reasoning_newlines_after or 0)
-            if k.close_think:
-                text += "</think>" + "\n" * (k.newlines_after_think or 0)
+        text, spans = reasoning_then_close(turn)
         start = len(text)
         text += turn.content
         spans["content"] = (start, len(text))
