@@ -94,6 +94,31 @@ def reasoning_then_close(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int,
     return text, spans
 
 
+def finish(text: str, spans: dict[str, tuple[int, int]], knobs: Knobs, stop_token: str) -> Completion:
+    """The completion as the model ends it: cut inside the part the knobs name (no stop token), else stopped."""
+    if knobs.truncate_in:
+        start, end = spans[knobs.truncate_in]
+        return Completion(truncate(text, start, end, knobs.truncate_keep), None, True)
+    return Completion(text + stop_token, stop_token, False)
+
+
+def split_reasoning(text: str, tool_markers: tuple[str, ...]) -> tuple[str | None, str, str]:
+    """Split a completion at `</think>` and at the first tool-call marker: (reasoning, content, tool-call text).
+
+    A tool call with no `</think>` before it ends the reasoning itself; the content is then empty.
+    """
+    reasoning: str | None = None
+    rest = text
+    if "</think>" in text:
+        reasoning, rest = text.split("</think>", 1)
+    at = next((i for i in (rest.find(m) for m in tool_markers) if i >= 0), -1)
+    if at < 0:
+        return reasoning, rest, ""
+    if reasoning is None:
+        return rest[:at], "", rest[at:]
+    return reasoning, rest[:at], rest[at:]
+
+
 def truncate(text: str, start: int, end: int, keep: float) -> str:
     """Cut `text` inside [start, end) keeping `keep` of that span (at least one character when it has any)."""
     length = end - start

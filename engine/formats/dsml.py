@@ -14,9 +14,10 @@ from engine.formats.base import (
     Completion,
     OutputFormat,
     dump_value,
+    finish,
     reasoning_then_close,
     register,
-    truncate,
+    split_reasoning,
 )
 from engine.types import ParseResult, ToolCall
 
@@ -47,25 +48,12 @@ class DsmlFormat(OutputFormat):
             text += "\n".join(invokes)
             spans["arguments"] = (args_start, len(text))
             text += f"\n</{DSML}tool_calls>"
-        if k.truncate_in:
-            start, end = spans[k.truncate_in]
-            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
-        return Completion(text + stop_token, stop_token, False)
+        return finish(text, spans, k, stop_token)
 
     def raw_parse(self, text: str) -> ParseResult:
-        reasoning: str | None = None
-        rest = text
-        if "</think>" in text:
-            reasoning, rest = text.split("</think>", 1)
-        block = rest.find(f"\n\n<{DSML}tool_calls>")
-        if block < 0:
-            block = rest.find(f"<{DSML}tool_calls>")
-        if block < 0:
-            return ParseResult(reasoning=reasoning, content=rest)
-        if reasoning is None:
-            reasoning, rest, block = rest[:block], rest[block:], 0
+        reasoning, content, calls_text = split_reasoning(text, (f"\n\n<{DSML}tool_calls>", f"<{DSML}tool_calls>"))
         calls = []
-        for invoke in re.finditer(rf'<{DSML}invoke name="([^"]*)">\n?(.*?)(?:</{DSML}invoke>|$)', rest[block:], re.S):
+        for invoke in re.finditer(rf'<{DSML}invoke name="([^"]*)">\n?(.*?)(?:</{DSML}invoke>|$)', calls_text, re.S):
             args: dict = {}
             param = rf'<{DSML}parameter name="([^"]*)" string="(true|false)">(.*?)(?:</{DSML}parameter>|$)'
             for p in re.finditer(param, invoke.group(2), re.S):
@@ -77,7 +65,7 @@ class DsmlFormat(OutputFormat):
                     except json.JSONDecodeError:
                         args[p.group(1)] = p.group(3)
             calls.append(ToolCall(id=None, name=invoke.group(1), arguments=json.dumps(args, ensure_ascii=False)))
-        return ParseResult(reasoning=reasoning, content=rest[:block], tool_calls=tuple(calls))
+        return ParseResult(reasoning=reasoning, content=content, tool_calls=tuple(calls))
 
 
 register(DsmlFormat())

@@ -13,9 +13,10 @@ from engine.formats.base import (
     Completion,
     OutputFormat,
     dump_value,
+    finish,
     reasoning_then_close,
     register,
-    truncate,
+    split_reasoning,
 )
 from engine.types import ParseResult, ToolCall
 
@@ -38,27 +39,16 @@ class GlmFormat(OutputFormat):
             spans.setdefault("arguments", (args_start, len(text)))
             text += "</tool_call>"
         stop = "<|observation|>" if turn.tool_calls else stop_token
-        if k.truncate_in:
-            start, end = spans[k.truncate_in]
-            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
-        return Completion(text + stop, stop, False)
+        return finish(text, spans, k, stop)
 
     def raw_parse(self, text: str) -> ParseResult:
-        reasoning: str | None = None
-        rest = text
-        if "</think>" in text:
-            reasoning, rest = text.split("</think>", 1)
-        first_call = rest.find("<tool_call>")
-        if first_call < 0:
-            return ParseResult(reasoning=reasoning, content=rest)
-        if reasoning is None:
-            reasoning, rest, first_call = rest[:first_call], rest[first_call:], 0
+        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",))
         calls = []
-        for block in re.finditer(r"<tool_call>([^<]*)(.*?)(?:</tool_call>|$)", rest[first_call:], re.S):
+        for block in re.finditer(r"<tool_call>([^<]*)(.*?)(?:</tool_call>|$)", calls_text, re.S):
             args = {m.group(1): m.group(2) for m in re.finditer(
                 r"<arg_key>(.*?)</arg_key><arg_value>(.*?)(?:</arg_value>|$)", block.group(2), re.S)}
             calls.append(ToolCall(id=None, name=block.group(1), arguments=json.dumps(args, ensure_ascii=False)))
-        return ParseResult(reasoning=reasoning, content=rest[:first_call], tool_calls=tuple(calls))
+        return ParseResult(reasoning=reasoning, content=content, tool_calls=tuple(calls))
 
 
 register(GlmFormat())

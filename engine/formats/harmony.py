@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_arguments, register, truncate
+from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_arguments, finish, register
 from engine.types import ParseResult, ToolCall
 
 
@@ -41,10 +41,7 @@ class HarmonyFormat(OutputFormat):
             text += turn.content
             spans["content"] = (start, len(text))
             stop = "<|return|>"
-        if k.truncate_in:
-            start, end = spans[k.truncate_in]
-            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
-        return Completion(text + stop, stop, False)
+        return finish(text, spans, k, stop)
 
     def raw_parse(self, text: str) -> ParseResult:
         reasoning = content = None

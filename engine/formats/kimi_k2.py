@@ -14,9 +14,10 @@ from engine.formats.base import (
     Completion,
     OutputFormat,
     dump_arguments,
+    finish,
     reasoning_then_close,
     register,
-    truncate,
+    split_reasoning,
 )
 from engine.types import ParseResult, ToolCall
 
@@ -43,27 +44,16 @@ class KimiK2Format(OutputFormat):
                 spans.setdefault("arguments", (args_start, len(text)))
                 text += "<|tool_call_end|>"
             text += "<|tool_calls_section_end|>"
-        if k.truncate_in:
-            start, end = spans[k.truncate_in]
-            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
-        return Completion(text + stop_token, stop_token, False)
+        return finish(text, spans, k, stop_token)
 
     def raw_parse(self, text: str) -> ParseResult:
-        reasoning: str | None = None
-        rest = text
-        if "</think>" in text:
-            reasoning, rest = text.split("</think>", 1)
-        section = rest.find("<|tool_calls_section_begin|>")
-        if section < 0:
-            return ParseResult(reasoning=reasoning, content=rest)
-        if reasoning is None:
-            reasoning, rest, section = rest[:section], rest[section:], 0
+        reasoning, content, calls_text = split_reasoning(text, ("<|tool_calls_section_begin|>",))
         calls = [
             ToolCall(id=m.group(1), name=m.group(1).removeprefix("functions.").rsplit(":", 1)[0],
                      arguments=m.group(2))
-            for m in re.finditer(_CALL, rest[section:], re.S)
+            for m in re.finditer(_CALL, calls_text, re.S)
         ]
-        return ParseResult(reasoning=reasoning, content=rest[:section], tool_calls=tuple(calls))
+        return ParseResult(reasoning=reasoning, content=content, tool_calls=tuple(calls))
 
 
 register(KimiK2Format())

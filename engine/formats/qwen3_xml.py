@@ -5,9 +5,18 @@ The generation prompt already holds `<think>\n`, so the completion starts inside
 
 from __future__ import annotations
 
+import json
 import re
 
-from engine.formats.base import AssistantTurn, Completion, OutputFormat, dump_value, register, truncate
+from engine.formats.base import (
+    AssistantTurn,
+    Completion,
+    OutputFormat,
+    dump_value,
+    finish,
+    register,
+    split_reasoning,
+)
 from engine.types import ParseResult, ToolCall
 
 
@@ -46,37 +55,19 @@ class Qwen3XmlFormat(OutputFormat):
                 text += f"<parameter={key}>\n{dump_value(value, k.args_json)}\n</parameter>\n"
             spans.setdefault("arguments", (args_start, len(text)))
             text += "</function>\n</tool_call>"
-        if k.truncate_in:
-            start, end = spans[k.truncate_in]
-            return Completion(truncate(text, start, end, k.truncate_keep), None, True)
-        return Completion(text + stop_token, stop_token, False)
+        return finish(text, spans, k, stop_token)
 
     def raw_parse(self, text: str) -> ParseResult:
-        reasoning: str | None = None
-        rest = text
-        if "</think>" in text:
-            reasoning, rest = text.split("</think>", 1)
+        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",))
+        if reasoning is not None and "</think>" in text:
             reasoning = reasoning.removeprefix("<think>")
-        first_call = rest.find("<tool_call>")
-        if first_call < 0:
-            return ParseResult(reasoning=reasoning, content=rest)
-        if reasoning is None and first_call >= 0:
-            # A tool call without </think>: the reasoning ran into the call.
-            reasoning, rest, first_call = rest[:first_call], rest[first_call:], 0
-        content = rest[:first_call]
         calls = []
-        for block in re.finditer(r"<tool_call>\n?<function=([^>\n]*)>(.*?)(?:</function>|$)", rest[first_call:], re.S):
+        for block in re.finditer(r"<tool_call>\n?<function=([^>\n]*)>(.*?)(?:</function>|$)", calls_text, re.S):
             args = {}
             for param in re.finditer(r"<parameter=([^>\n]*)>\n?(.*?)\n?(?:</parameter>|$)", block.group(2), re.S):
                 args[param.group(1)] = param.group(2)
-            calls.append(ToolCall(id=None, name=block.group(1), arguments=_json(args)))
+            calls.append(ToolCall(id=None, name=block.group(1), arguments=json.dumps(args, ensure_ascii=False)))
         return ParseResult(reasoning=reasoning, content=content, tool_calls=tuple(calls))
-
-
-def _json(args: dict) -> str:
-    import json
-
-    return json.dumps(args, ensure_ascii=False)
 
 
 register(Qwen3XmlFormat())
