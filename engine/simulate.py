@@ -243,7 +243,6 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     call_ids: list[str] = []
     call_cursor = 0
     calls_so_far = 0
-    bridge_prefix: tuple[str, tuple[int, ...] | None] | None = None
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
         edits: tuple[Edit, ...] = ()
@@ -269,8 +268,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 call_cursor += 1
             history.append(message)
             if pending is not None:
-                boundaries.append(_close_boundary(model, fmt, engine, history, pending, render, len(boundaries) + 1,
-                                                  turn.role, bridge_prefix))
+                boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
+                                                  turn.role))
                 pending = None
             continue
         assert turn.assistant is not None
@@ -300,24 +299,22 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         calls_so_far += len(parsed.tool_calls)
         history.append(_client_message(parsed, call_ids))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
-        bridge_prefix = (prompt.text + completion.text, (prompt_ids + completion_ids)
-                         if prompt_ids is not None and completion_ids is not None else None)
     return tuple(boundaries)
 
 
-def _close_boundary(model, fmt, engine, history, pending, render, index, trigger, bridge_prefix) -> Boundary:
+def _close_boundary(model, engine, history, pending, render, index, trigger) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
+    prev_text = prompt.text + completion.text
+    prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
     next_prompt, request_edits = render(history, True)
     if engine == "bridge":
         next_prompt = _bridge_prompt(model, prompt, completion, next_prompt, assistant_index)
-        next_ids = _bridge_ids(model, bridge_prefix[1], next_prompt.text[len(bridge_prefix[0]):])
+        next_ids = _bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:
         next_ids = _ids(model, next_prompt.text)
-    prev_text = prompt.text + completion.text
     string_check = PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text))
     token_check = None
-    if prompt_ids is not None and completion_ids is not None and next_ids is not None:
-        prev_ids = prompt_ids + completion_ids
+    if prev_ids is not None and next_ids is not None:
         token_check = PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids))
     return Boundary(index, trigger, prompt, completion, completion_ids, prompt_ids, parsed, request_edits,
                     next_prompt, next_ids, string_check, token_check)
