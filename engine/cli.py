@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
+from engine.provenance import spans
 
 
 def parse_kwarg_value(text: str) -> Any:
@@ -62,14 +63,14 @@ def cmd_render(args: argparse.Namespace) -> int:
             "kwargs": kwargs,
             "text": rendered.text,
             "source_path": rendered.source_path,
-            "spans": [s.__dict__ for s in provenance_spans(rendered)],
+            "spans": [s.__dict__ for s in spans(rendered)],
             "token_ids": list(tokens.ids) if tokens else None,
             "tokenizer": model.tokenizer_unavailable,
         }, args.json)
         return 0
     lines = model.renderer.source_lines()
     print(f"# {model.spec.display_name}: {rendered.source_path}, kwargs {kwargs}")
-    for span in provenance_spans(rendered):
+    for span in spans(rendered):
         where = f"line {span.source_line}" if span.source_line else "?"
         who = f"msg {span.message_index}" if span.message_index >= 0 else "template"
         src = lines[span.source_line - 1].strip() if 0 < span.source_line <= len(lines) else ""
@@ -79,12 +80,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(f"# {len(rendered.text)} characters" + (f", {len(tokens.ids)} tokens" if tokens else
                                                  f"; {model.tokenizer_unavailable}"))
     return 0
-
-
-def provenance_spans(rendered):
-    from engine.provenance import spans
-
-    return spans(rendered)
 
 
 def cmd_session(args: argparse.Namespace) -> int:

@@ -132,6 +132,21 @@ def _checkpoints_after(prompt_len: int, sequence_len: int, policy: str) -> list[
     raise ExplorerError(f"unknown checkpoint policy {policy!r}; known: {', '.join(CHECKPOINT_POLICIES)}")
 
 
+def _encoder(model: LoadedModel, script: SessionScript, kwargs: dict[str, Any] | None):
+    """The template kwargs this script runs with, and a function rendering + tokenizing messages with them."""
+    if model.tokenizer is None:
+        raise ExplorerError(model.tokenizer_unavailable or f"model {model.id} has no tokenizer")
+    tokenizer = model.tokenizer
+    template_kwargs = {**model.spec.default_kwargs(), **script.kwargs, **(kwargs or {})}
+
+    def encode(messages: list[dict], generation_prompt: bool) -> list[int]:
+        rendered = model.renderer.render(messages, script.tools, add_generation_prompt=generation_prompt,
+                                         kwargs=template_kwargs)
+        return list(tokenizer.encode(rendered.text).ids)
+
+    return template_kwargs, encode
+
+
 def simulate_session(
     model: LoadedModel,
     script: SessionScript,
@@ -140,16 +155,9 @@ def simulate_session(
     block_size: int = 16,
     checkpoint_policy: str = "prompt-and-generation-end",
 ) -> SessionReport:
-    if model.tokenizer is None:
-        raise ExplorerError(model.tokenizer_unavailable or f"model {model.id} has no tokenizer")
     if block_size < 1:
         raise ExplorerError(f"block size must be at least 1, got {block_size}")
-    template_kwargs = {**model.spec.default_kwargs(), **script.kwargs, **(kwargs or {})}
-
-    def encode(messages: list[dict], generation_prompt: bool) -> list[int]:
-        rendered = model.renderer.render(messages, script.tools, add_generation_prompt=generation_prompt,
-                                         kwargs=template_kwargs)
-        return list(model.tokenizer.encode(rendered.text).ids)
+    template_kwargs, encode = _encoder(model, script, kwargs)
 
     history: list[dict] = [{"role": "system", "content": script.system}] if script.system else []
     previous: list[int] = []
@@ -185,12 +193,8 @@ def simulate_session(
 
 def first_request_prompt(model: LoadedModel, script: SessionScript, system: str, question: str,
                          kwargs: dict[str, Any] | None = None) -> list[int]:
-    template_kwargs = {**model.spec.default_kwargs(), **script.kwargs, **(kwargs or {})}
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    rendered = model.renderer.render(messages, script.tools, add_generation_prompt=True, kwargs=template_kwargs)
-    if model.tokenizer is None:
-        raise ExplorerError(model.tokenizer_unavailable or f"model {model.id} has no tokenizer")
-    return list(model.tokenizer.encode(rendered.text).ids)
+    _, encode = _encoder(model, script, kwargs)
+    return encode([{"role": "system", "content": system}, {"role": "user", "content": question}], True)
 
 
 def shared_across_sessions(model: LoadedModel, script: SessionScript, kwargs: dict[str, Any] | None = None) -> int:
