@@ -154,24 +154,15 @@ class JinjaRenderer:
         try:
             for _ in self._template.generate(messages=chat, **variables):
                 pass
-        except jinja2.TemplateError as err:
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
+                RecursionError) as err:
             line = _template_line_of(err)
             where = f" at line {line}" if line else ""
-            raise RenderError(
-                f"{self.source_path} for model {self.model} raised{where}: {err}",
-                model=self.model,
-                path=self.source_path,
-                source_line=line,
-            ) from err
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as err:
-            line = _template_line_of(err)
-            where = f" at line {line}" if line else ""
-            raise RenderError(
-                f"{self.source_path} for model {self.model} failed{where}: {type(err).__name__}: {err}",
-                model=self.model,
-                path=self.source_path,
-                source_line=line,
-            ) from err
+            # A template's own error (raise_exception, undefined) reads as itself; a Python error names its type.
+            what = f"raised{where}: {err}" if isinstance(err, jinja2.TemplateError) else \
+                f"failed{where}: {type(err).__name__}: {err}"
+            raise RenderError(f"{self.source_path} for model {self.model} {what}", model=self.model,
+                              path=self.source_path, source_line=line) from err
         return self._assemble(rec.chunks, chat)
 
     def _assemble(self, chunks: list[tuple[_Record, int]], chat: list[dict]) -> Rendered:
