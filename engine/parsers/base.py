@@ -41,7 +41,15 @@ class ParsedTurn:
 
 
 class FamilyParser(ABC):
-    """One model family's reasoning + tool-call parsing as one engine version does it."""
+    """One model family's reasoning + tool-call parsing as one engine version does it.
+
+    Built per request from the engine's CLI names, since one family class serves several names (e.g. SGLang's
+    `qwen3_coder` and the wrong `qwen` JSON detector).
+    """
+
+    def __init__(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
+        self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser
 
     @abstractmethod
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
@@ -51,12 +59,9 @@ class FamilyParser(ABC):
 class NotEmulated(FamilyParser):
     """Placeholder for a parser the engine has but this project does not emulate yet: fails clearly."""
 
-    def __init__(self, engine: str, name: str) -> None:
-        self.engine = engine
-        self.name = name
-
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
-        raise NotImplementedError(f"{self.engine}: parser {self.name!r} is registered but not emulated yet")
+        name = self.tool_parser or self.reasoning_parser
+        raise NotImplementedError(f"parser {name!r} is registered but not emulated yet")
 
 
 def default_chunks(text: str, width: int = 4) -> list[str]:
@@ -79,8 +84,9 @@ class EngineEmulation(ABC):
 
     name: str
     version: str
-    reasoning_parsers: dict[str, str]
+    reasoning_parsers: dict[str, str]  # CLI name -> family
     tool_parsers: dict[str, str]
+    families: dict[str, type[FamilyParser]]  # family -> its parser module's class
 
     @property
     def origin(self) -> str:
@@ -90,9 +96,10 @@ class EngineEmulation(ABC):
     def spec(self) -> str:
         return f"{self.name}@{self.version}"
 
-    @abstractmethod
     def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
-        """The family parser that handles this pair of CLI names."""
+        """The family parser that handles this pair of CLI names (the tool parser's family wins)."""
+        family = self.tool_parsers.get(tool_parser or "") or self.reasoning_parsers[reasoning_parser or ""]
+        return self.families[family](reasoning_parser, tool_parser)
 
     def _check_names(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
         if reasoning_parser is not None and reasoning_parser not in self.reasoning_parsers:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, NotEmulated, RequestPrep
+from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
+from engine.parsers.sglang_0_5_23.deepseek import SglangDeepSeekParser
+from engine.parsers.sglang_0_5_23.glm import SglangGlmParser
+from engine.parsers.sglang_0_5_23.gpt_oss import SglangGptOssParser
+from engine.parsers.sglang_0_5_23.kimi_k2 import SglangKimiK2Parser
 from engine.parsers.sglang_0_5_23.qwen3 import SglangQwen3Parser
 
 REASONING_FAMILY = {
@@ -37,13 +41,13 @@ class SglangEmulation(EngineEmulation):
     version = "0.5.23"
     reasoning_parsers = REASONING_FAMILY
     tool_parsers = TOOL_FAMILY
-    qwen3_parser: type[SglangQwen3Parser] = SglangQwen3Parser
-
-    def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
-        family = TOOL_FAMILY.get(tool_parser or "") or REASONING_FAMILY.get(reasoning_parser or "")
-        if family == "qwen3":
-            return self.qwen3_parser(tool_parser)
-        return NotEmulated(self.spec, tool_parser or reasoning_parser or "")
+    families: dict[str, type[FamilyParser]] = {
+        "qwen3": SglangQwen3Parser,
+        "glm": SglangGlmParser,
+        "kimi_k2": SglangKimiK2Parser,
+        "deepseek": SglangDeepSeekParser,
+        "gpt_oss": SglangGptOssParser,
+    }
 
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         log = EditLog(self.origin)

@@ -31,9 +31,6 @@ class SglangQwen3Parser(FamilyParser):
     tool_call_ends_reasoning = True  # tool_call_parser_active: <tool_call> implicitly ends reasoning
     unparsed_markup_kept = False  # 0.5.12 returned the whole text when no call parsed
 
-    def __init__(self, tool_parser: str | None) -> None:
-        self.tool_parser = tool_parser
-
     # ---- reasoning
     def split_reasoning(self, text: str, stream: bool, tools_active: bool, log: EditLog) -> tuple[str | None, str]:
         body = text.removeprefix(THINK_START)

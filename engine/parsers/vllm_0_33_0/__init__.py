@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, NotEmulated, RequestPrep
+from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
+from engine.parsers.vllm_0_33_0.deepseek import VllmDeepSeekParser
+from engine.parsers.vllm_0_33_0.glm import VllmGlmParser
+from engine.parsers.vllm_0_33_0.gpt_oss import VllmGptOssParser
+from engine.parsers.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
 from engine.parsers.vllm_0_33_0.qwen3 import Qwen3EngineParser
 
 REASONING_FAMILY = {
@@ -37,12 +41,13 @@ class VllmEmulation(EngineEmulation):
     version = "0.33.0"
     reasoning_parsers = REASONING_FAMILY
     tool_parsers = TOOL_FAMILY
-
-    def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
-        family = TOOL_FAMILY.get(tool_parser or "") or REASONING_FAMILY.get(reasoning_parser or "")
-        if family == "qwen3":
-            return Qwen3EngineParser()
-        return NotEmulated(self.spec, tool_parser or reasoning_parser or "")
+    families: dict[str, type[FamilyParser]] = {
+        "qwen3": Qwen3EngineParser,
+        "glm": VllmGlmParser,
+        "kimi_k2": VllmKimiK2Parser,
+        "deepseek": VllmDeepSeekParser,
+        "gpt_oss": VllmGptOssParser,
+    }
 
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         log = EditLog(self.origin)
