@@ -141,6 +141,7 @@ def parse_model_kwargs(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from engine.evidence import evidence_html, matrix_evidence, matrix_markdown
     from engine.matrix import MatrixRequest, default_request, matrix_json, run_matrix
 
     default = default_request()
@@ -155,28 +156,50 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(data, args.json)
     if args.markdown:
-        Path(args.markdown).write_text(matrix_markdown(request, cells), encoding="utf-8")
-    if args.json != "-":
-        print(matrix_markdown(request, cells))
+        Path(args.markdown).write_text(matrix_markdown(cells), encoding="utf-8")
+    if args.evidence:
+        _write_json(matrix_evidence(cells), args.evidence)
+    if args.html:
+        Path(args.html).write_text(evidence_html(cells), encoding="utf-8")
+    if "-" not in (args.json, args.evidence):
+        print(matrix_markdown(cells))
     return 0
 
 
-def matrix_markdown(request, cells) -> str:
-    from engine.matrix import cell_label
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.evidence import cell_evidence, cell_markdown, evidence_html
+    from engine.models import load_model
+    from engine.simulate import run_cell
 
-    by_key = {(c.scenario, c.model, c.engine): c for c in cells}
-    engines = [e.split("@")[0] for e in request.engines]
-    header = "| scenario | " + " | ".join(f"{m} {e}" for m in request.models for e in engines) + " |"
-    rule = "|---" * (1 + len(request.models) * len(engines)) + "|"
-    rows = [header, rule]
-    for s in request.scenarios:
-        row = [s] + [cell_label(by_key[(s, m, e)]) if (s, m, e) in by_key else "" for m in request.models
-                     for e in engines]
-        rows.append("| " + " | ".join(row) + " |")
-    causes = [f"- {c.model} · {c.scenario} · {c.engine}{'@' + c.engine_version if c.engine_version else ''}: "
-              f"{c.cause.stage} {c.cause.location} ({c.cause.kind}); fix: {c.cause.fix['text'] if c.cause.fix else '—'}"
-              for c in cells if c.cause]
-    return "\n".join(rows) + "\n\n" + "\n".join(causes) + "\n"
+    cell = run_cell(args.model, args.scenario, args.engine, parse_kwargs(args.kwargs))
+    model = load_model(args.model)
+    if not (args.json or args.markdown or args.html):
+        raise ExplorerError("export needs at least one of --json, --markdown, --html")
+    if args.json:
+        _write_json(cell_evidence(cell, model, args.context), args.json)
+    if args.markdown:
+        _write_text(cell_markdown(cell, model, args.context), args.markdown)
+    if args.html:
+        _write_text(evidence_html([cell], {cell.model: model}, args.context), args.html)
+    return 0
+
+
+def _write_text(text: str, target: str) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text, encoding="utf-8")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.evidence import replay
+
+    report = replay(Path(args.file))
+    for line in report.differences:
+        print(line)
+    verdict = "still matches" if report.matches else f"no longer matches ({len(report.differences)} differences)"
+    print(f"{args.file}: {report.cells} cell(s) recomputed; {verdict}")
+    return 0 if report.matches else 1
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -248,7 +271,24 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--kwargs", action="append", metavar="MODEL:KEY=VALUE")
     matrix.add_argument("--json", metavar="PATH|-")
     matrix.add_argument("--markdown", metavar="PATH")
+    matrix.add_argument("--evidence", metavar="PATH|-", help="full evidence JSON of every cell (for replay)")
+    matrix.add_argument("--html", metavar="PATH", help="self-contained HTML page with the token diffs")
     matrix.set_defaults(func=cmd_matrix)
+
+    export = sub.add_parser("export", help="evidence of one cell: JSON (replayable), Markdown, HTML")
+    export.add_argument("--model", required=True)
+    export.add_argument("--scenario", required=True)
+    export.add_argument("--engine", required=True, help="vllm, sglang, raw, bridge; engine@version selects a version")
+    export.add_argument("--kwargs", action="append", metavar="KEY=VALUE")
+    export.add_argument("--context", type=int, default=8, help="tokens shown on each side of the break")
+    export.add_argument("--json", metavar="PATH|-")
+    export.add_argument("--markdown", metavar="PATH|-")
+    export.add_argument("--html", metavar="PATH|-")
+    export.set_defaults(func=cmd_export)
+
+    replay_cmd = sub.add_parser("replay", help="recompute cells from exported evidence; exit 1 if they differ")
+    replay_cmd.add_argument("file")
+    replay_cmd.set_defaults(func=cmd_replay)
 
     check = sub.add_parser("check", help="exit 1 when any scenario breaks PRR with this template (for CI)")
     check.add_argument("--model", required=True)

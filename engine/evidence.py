@@ -1,0 +1,485 @@
+"""Evidence of a break: the token window around it, and exports that reproduce it (JSON, Markdown, HTML, CSV).
+
+`break_view` lines up both sides of the first break token by token (id, text, special, which message and which
+template line produced it). `cell_evidence` is everything needed to recompute a cell: model and asset hashes, engine
+version, kwargs, the scenario, every completion's exact text and ids, and both sides around the break; `replay`
+recomputes the cell from that and lists what differs. The Markdown is for bug reports; the HTML page is
+self-contained (inline CSS, no scripts) with the side-by-side token diff.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import hashlib
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ExplorerError
+from engine.matrix import cell_json, cell_label
+from engine.models import LoadedModel, load_model
+from engine.scenario import SCENARIOS_DIR, load_scenario
+from engine.simulate import Boundary, CellResult, run_cell
+from engine.tokenize import Tokenizer
+from engine.types import Rendered
+
+EVIDENCE_FORMAT = "drift-evidence/1"
+COMPLETION = -2  # message index of characters the model itself produced (not rendered by the template)
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    position: int  # index in its sequence
+    id: int | None  # None on a string-level view (no tokenizer): the row is one character span instead
+    text: str
+    special: bool
+    message_index: int  # -1 template scaffolding, COMPLETION the model's own output
+    source_line: int  # template line (0 unknown or model output)
+    differs: bool  # at or after the first position where the two sides differ
+
+
+@dataclass(frozen=True)
+class SideView:
+    label: str
+    rows: tuple[TokenRow, ...]
+    char_start: int
+    text: str  # the character window shown for this side
+
+
+@dataclass(frozen=True)
+class BreakView:
+    """Both sides of one boundary around its first difference."""
+
+    boundary: int
+    level: str  # "token" | "string"
+    first_token: int | None
+    first_char: int
+    prev: SideView  # previous prompt + completion
+    next: SideView  # next prompt
+    char_opcodes: tuple[tuple[str, int, int, int, int], ...]  # difflib opcodes over the two character windows
+    source_path: str
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible: space ·, tab →, newline ↵ (the line break itself is kept for readability)."""
+    return text.replace(" ", "·").replace("\t", "→").replace("\n", "↵\n")
+
+
+def _char_provenance(rendered: Rendered, extra: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return rendered.message_index + (COMPLETION,) * extra, rendered.source_line + (0,) * extra
+
+
+def _token_starts(tokenizer: Tokenizer, segments: list[tuple[str, tuple[int, ...]]]) -> list[int]:
+    """Character start of every token of the concatenated segments.
+
+    Exact from the tokenizer's offsets where a segment's ids are its whole-string tokenization; otherwise (a sampled
+    non-canonical tokenization, bridge ids) from the lengths of decoded prefixes.
+    """
+    starts: list[int] = []
+    base = 0
+    for text, ids in segments:
+        tokens = tokenizer.encode(text)
+        if tokens.ids == tuple(ids):
+            starts.extend(base + start for start, _ in tokens.offsets)
+        else:
+            starts.extend(base + len(tokenizer.decode(ids[:i])) for i in range(len(ids)))
+        base += len(text)
+    return starts
+
+
+def _rows(tokenizer: Tokenizer, ids: tuple[int, ...], starts: list[int], lo: int, hi: int, first: int,
+          message_index: tuple[int, ...], source_line: tuple[int, ...]) -> tuple[TokenRow, ...]:
+    rows = []
+    for i in range(lo, min(hi, len(ids))):
+        at = min(starts[i], len(message_index) - 1) if message_index else 0
+        rows.append(TokenRow(i, ids[i], tokenizer.token_text(ids[i]), tokenizer.is_special(ids[i]),
+                             message_index[at] if message_index else -1, source_line[at] if source_line else 0,
+                             i >= first))
+    return tuple(rows)
+
+
+def _char_rows(text: str, lo: int, hi: int, first: int, message_index: tuple[int, ...],
+               source_line: tuple[int, ...]) -> tuple[TokenRow, ...]:
+    """String-level rows: maximal runs of characters from one message and one template line."""
+    rows: list[TokenRow] = []
+    start = lo
+    hi = min(hi, len(text))
+    for i in range(lo + 1, hi + 1):
+        cut = i == hi or i == first or (message_index[i], source_line[i]) != (message_index[start], source_line[start])
+        if cut:
+            rows.append(TokenRow(start, None, text[start:i], False, message_index[start], source_line[start],
+                                 start >= first))
+            start = i
+    return tuple(rows)
+
+
+def break_view(model: LoadedModel, boundary: Boundary, context: int = 8) -> BreakView:
+    """The two sequences side by side around the first difference, `context` tokens (or spans) each way."""
+    prev_text, next_text = boundary.prev_text, boundary.next_prompt.text
+    prev_msg, prev_line = _char_provenance(boundary.prev_prompt, len(boundary.completion.text))
+    next_msg, next_line = _char_provenance(boundary.next_prompt)
+    first_char = boundary.string_prefix.common
+    tokenizer = model.tokenizer
+    token_level = tokenizer is not None and boundary.token_prefix is not None and boundary.prev_ids is not None \
+        and boundary.next_ids is not None
+    if token_level:
+        assert tokenizer is not None and boundary.prev_ids is not None and boundary.next_ids is not None
+        assert boundary.prev_prompt_ids is not None and boundary.completion_ids is not None
+        first = boundary.token_prefix.common if boundary.token_prefix else 0
+        lo, hi = max(0, first - context), first + context
+        prev_starts = _token_starts(tokenizer, [(boundary.prev_prompt.text, boundary.prev_prompt_ids),
+                                                (boundary.completion.text, boundary.completion_ids)])
+        next_starts = _token_starts(tokenizer, [(next_text, boundary.next_ids)])
+        prev_rows = _rows(tokenizer, boundary.prev_ids, prev_starts, lo, hi, first, prev_msg, prev_line)
+        next_rows = _rows(tokenizer, boundary.next_ids, next_starts, lo, hi, first, next_msg, next_line)
+        prev_lo = prev_starts[lo] if lo < len(prev_starts) else len(prev_text)
+        next_lo = next_starts[lo] if lo < len(next_starts) else len(next_text)
+        prev_hi = prev_starts[hi] if hi < len(prev_starts) else len(prev_text)
+        next_hi = next_starts[hi] if hi < len(next_starts) else len(next_text)
+        first_token: int | None = first
+    else:
+        span = context * 6
+        prev_lo = next_lo = max(0, first_char - span)
+        prev_hi, next_hi = min(len(prev_text), first_char + span), min(len(next_text), first_char + span)
+        prev_rows = _char_rows(prev_text, prev_lo, prev_hi, first_char, prev_msg, prev_line)
+        next_rows = _char_rows(next_text, next_lo, next_hi, first_char, next_msg, next_line)
+        first_token = None
+    prev_window, next_window = prev_text[prev_lo:prev_hi], next_text[next_lo:next_hi]
+    opcodes = difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes()
+    return BreakView(
+        boundary=boundary.index,
+        level="token" if token_level else "string",
+        first_token=first_token,
+        first_char=first_char,
+        prev=SideView("previous prompt + completion", prev_rows, prev_lo, prev_window),
+        next=SideView("next prompt", next_rows, next_lo, next_window),
+        char_opcodes=tuple((op, a1, a2, b1, b2) for op, a1, a2, b1, b2 in opcodes),
+        source_path=boundary.next_prompt.source_path,
+    )
+
+
+def _focus_break(cell: CellResult) -> Boundary | None:
+    return next((b for b in cell.boundaries if not b.holds), None)
+
+
+def _view_json(view: BreakView) -> dict:
+    def side(s: SideView) -> dict:
+        return {"label": s.label, "char_start": s.char_start, "text": s.text,
+                "tokens": [{"position": r.position, "id": r.id, "text": r.text, "special": r.special,
+                            "message_index": r.message_index, "source_line": r.source_line, "differs": r.differs}
+                           for r in s.rows]}
+
+    return {"boundary": view.boundary, "level": view.level, "first_token": view.first_token,
+            "first_char": view.first_char, "source_path": view.source_path, "previous": side(view.prev),
+            "next": side(view.next)}
+
+
+def _scenario_json(scenario_id: str) -> dict:
+    scenario = load_scenario(scenario_id)
+    path = SCENARIOS_DIR.parent / scenario.source
+    data = path.read_bytes()
+    import yaml
+
+    return {"id": scenario.id, "description": scenario.description, "source": scenario.source,
+            "sha256": hashlib.sha256(data).hexdigest(), "data": yaml.safe_load(data)}
+
+
+def engine_spec(cell: CellResult) -> str:
+    """The engine argument that recomputes this cell ("vllm@0.33.0", "raw", ...)."""
+    return f"{cell.engine}@{cell.engine_version}" if cell.engine_version else cell.engine
+
+
+def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8) -> dict:
+    """Everything needed to reproduce and show one cell."""
+    focus = _focus_break(cell)
+    boundaries = []
+    for b in cell.boundaries:
+        boundaries.append({
+            **{k: v for k, v in _boundary_figures(b).items()},
+            "completion": {"text": b.completion.text, "ids": list(b.completion_ids) if b.completion_ids else None,
+                           "stop_token": b.completion.stop_token, "truncated": b.completion.truncated},
+            "parse": b.parse.to_json(),
+            "request_edits": [{"step": e.step, "before": e.before, "after": e.after, "description": e.description,
+                               "location": str(e.location), "origin": e.location.origin} for e in b.request_edits],
+            "previous_prompt": b.prev_prompt.text,
+            "next_prompt": b.next_prompt.text,
+        })
+    return {
+        "format": EVIDENCE_FORMAT,
+        "reproduce": {"model": cell.model, "scenario": cell.scenario, "engine": engine_spec(cell),
+                      "kwargs": cell.kwargs},
+        "asset_hashes": dict(sorted(cell.asset_hashes.items())),
+        "asset_sources": dict(sorted(model.asset_sources.items())),
+        "scenario": _scenario_json(cell.scenario),
+        "result": cell_json(cell),
+        "boundaries": boundaries,
+        "break": _view_json(break_view(model, focus, context)) if focus else None,
+    }
+
+
+def _boundary_figures(b: Boundary) -> dict:
+    return {"index": b.index, "trigger": b.trigger, "string_prefix": b.string_prefix.to_json(),
+            "token_prefix": b.token_prefix.to_json() if b.token_prefix else None,
+            "reused_tokens": b.reused_tokens, "prefill_tokens": b.prefill_tokens}
+
+
+def matrix_evidence(cells: list[CellResult], models: dict[str, LoadedModel] | None = None) -> dict:
+    models = models or {}
+    return {"format": EVIDENCE_FORMAT,
+            "cells": [cell_evidence(c, models.get(c.model) or load_model(c.model)) for c in cells]}
+
+
+# ---- Markdown -------------------------------------------------------------------------------------------------
+
+
+def _fence(text: str) -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def cell_markdown(cell: CellResult, model: LoadedModel, context: int = 8) -> str:
+    """A bug-report section: the facts, the two sides of the break with visible whitespace, the cause."""
+    out = [f"### {cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}", ""]
+    kwargs = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "(none)"
+    out.append(f"- template kwargs: {kwargs}")
+    for name, digest in sorted(cell.asset_hashes.items()):
+        out.append(f"- asset `{name}` sha256 `{digest}`")
+    if cell.note:
+        out.append(f"- note: {cell.note}")
+    focus = _focus_break(cell)
+    if focus is None:
+        last = cell.boundaries[-1] if cell.boundaries else None
+        if last is not None:
+            out.append(f"- every boundary holds; last one reuses {last.reused_tokens} tokens")
+        return "\n".join(out) + "\n"
+    s = focus.string_prefix
+    out.append(f"- boundary {focus.index} (client appended a {focus.trigger} message): string prefix "
+               f"{s.common}/{s.prev_len} chars" + (f", token prefix {focus.token_prefix.common}/"
+                                                   f"{focus.token_prefix.prev_len} tokens, prefill "
+                                                   f"{focus.prefill_tokens}" if focus.token_prefix else ""))
+    if cell.cause:
+        c = cell.cause
+        out += ["", f"**Cause** ({c.stage}, {c.kind}): `{c.location}` in {c.origin}", "", c.detail]
+        if c.line_text:
+            out += ["", _fence(c.line_text)]
+        if c.fix:
+            out += ["", f"**Fix**: {c.fix.get('text')}"]
+    view = break_view(model, focus, context)
+    out += ["", f"Previous prompt + completion, from char {view.prev.char_start} (break at {view.first_char}):", "",
+            _fence(visible(view.prev.text)), "", f"Next prompt, from char {view.next.char_start}:", "",
+            _fence(visible(view.next.text))]
+    if view.level == "token":
+        out += ["", "| # | previous id | previous text | next id | next text |", "|---|---|---|---|---|"]
+        for a, b in zip(view.prev.rows, view.next.rows):
+            mark = " **≠**" if a.id != b.id else ""
+            out.append(f"| {a.position}{mark} | {a.id} | `{_cell_text(a.text)}` | {b.id} | `{_cell_text(b.text)}` |")
+    return "\n".join(out) + "\n"
+
+
+def _cell_text(text: str) -> str:
+    return visible(text).replace("\n", "").replace("|", "\\|").replace("`", "ˋ")
+
+
+def matrix_markdown(cells: list[CellResult]) -> str:
+    """The matrix as a table (a row per scenario, a column per model × engine), then each cause with its fix."""
+    models = list(dict.fromkeys(c.model for c in cells))
+    engines = list(dict.fromkeys(c.engine for c in cells))
+    scenarios = list(dict.fromkeys(c.scenario for c in cells))
+    by_key = {(c.scenario, c.model, c.engine): c for c in cells}
+    header = "| scenario | " + " | ".join(f"{m} {e}" for m in models for e in engines) + " |"
+    rule = "|---" * (1 + len(models) * len(engines)) + "|"
+    rows = [header, rule]
+    for s in scenarios:
+        row = [s] + [cell_label(by_key[(s, m, e)]) if (s, m, e) in by_key else "" for m in models for e in engines]
+        rows.append("| " + " | ".join(row) + " |")
+    causes = [f"- {c.model} · {c.scenario} · {engine_spec(c)}: {c.cause.stage} {c.cause.location} ({c.cause.kind}); "
+              f"fix: {c.cause.fix['text'] if c.cause.fix else '—'}" for c in cells if c.cause]
+    return "\n".join(rows) + "\n\n" + "\n".join(causes) + "\n"
+
+
+# ---- HTML -------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#1b1f24}
+h1{font-size:1.4em} h2{font-size:1.15em;margin-top:2em;border-top:1px solid #ccc;padding-top:1em}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #d0d7de;padding:2px 6px;vertical-align:top}
+.tok{font-family:ui-monospace,monospace;white-space:pre} .special{color:#8250df;font-weight:600}
+.differs{background:#ffebe9} .first td{background:#ff8182;font-weight:700}
+.cause{background:#fff8c5;border:1px solid #d4a72c;padding:.6em;margin:.6em 0}
+.holds{color:#1a7f37} .breaks{color:#cf222e} .error{color:#9a6700} .unavailable{color:#57606a}
+pre{background:#f6f8fa;padding:.5em;white-space:pre-wrap} del{background:#ffcecb} ins{background:#aceebb}
+"""
+
+
+def _side_table(view: BreakView) -> str:
+    rows = []
+    for a, b in zip(view.prev.rows, view.next.rows):
+        first = " class='first'" if a.position == view.first_token else (" class='differs'" if a.differs else "")
+        rows.append(
+            f"<tr{first}><td>{a.position}</td>"
+            f"<td>{a.id}</td><td class='tok{' special' if a.special else ''}'>{html.escape(visible(a.text))}</td>"
+            f"<td>{_origin(a)}</td>"
+            f"<td>{b.id}</td><td class='tok{' special' if b.special else ''}'>{html.escape(visible(b.text))}</td>"
+            f"<td>{_origin(b)}</td></tr>")
+    return ("<table><tr><th>#</th><th colspan=3>previous prompt + completion (id, text, from)</th>"
+            "<th colspan=3>next prompt (id, text, from)</th></tr>" + "".join(rows) + "</table>")
+
+
+def _origin(row: TokenRow) -> str:
+    if row.message_index == COMPLETION:
+        return "model output"
+    where = f"message {row.message_index}" if row.message_index >= 0 else "template"
+    return f"{where}, line {row.source_line}" if row.source_line else where
+
+
+def _char_diff_html(view: BreakView) -> str:
+    a, b = view.prev.text, view.next.text
+    parts = []
+    for op, a1, a2, b1, b2 in view.char_opcodes:
+        if op == "equal":
+            parts.append(html.escape(visible(a[a1:a2])))
+        if op in ("delete", "replace"):
+            parts.append(f"<del>{html.escape(visible(a[a1:a2]))}</del>")
+        if op in ("insert", "replace"):
+            parts.append(f"<ins>{html.escape(visible(b[b1:b2]))}</ins>")
+    return "<pre>" + "".join(parts) + "</pre>"
+
+
+def cell_html_section(cell: CellResult, model: LoadedModel, context: int = 8) -> str:
+    title = f"{cell.model} × {cell.scenario} × {engine_spec(cell)}"
+    out = [f"<h2 id='{html.escape(title)}'>{html.escape(title)}: <span class='{cell.status}'>{cell.status}</span>"
+           "</h2>"]
+    kwargs = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "(none)"
+    out.append(f"<p>template kwargs: <code>{html.escape(kwargs)}</code></p>")
+    if cell.note:
+        out.append(f"<p>{html.escape(cell.note)}</p>")
+    focus = _focus_break(cell)
+    if focus is None:
+        return "\n".join(out)
+    if cell.cause:
+        c = cell.cause
+        fix = f"<br><b>Fix:</b> {html.escape(str(c.fix.get('text')))}" if c.fix else ""
+        line = f"<pre>{html.escape(c.line_text)}</pre>" if c.line_text else ""
+        out.append(f"<div class='cause'><b>Cause</b> ({html.escape(c.stage)}, {html.escape(c.kind)}): "
+                   f"<code>{html.escape(c.location)}</code> in {html.escape(c.origin)}<br>{html.escape(c.detail)}"
+                   f"{line}{fix}</div>")
+    view = break_view(model, focus, context)
+    s = focus.string_prefix
+    out.append(f"<p>Boundary {focus.index}: first difference at char {view.first_char} ({s.common}/{s.prev_len} "
+               "chars kept)" + (f", token {view.first_token} ({focus.token_prefix.common}/{focus.token_prefix.prev_len}"
+                                f" tokens kept, {focus.prefill_tokens} to prefill)" if focus.token_prefix else "")
+               + "</p>")
+    if view.level == "token":
+        out.append(_side_table(view))
+    out.append("<p>Character diff of the window (<del>previous only</del>, <ins>next only</ins>):</p>")
+    out.append(_char_diff_html(view))
+    return "\n".join(out)
+
+
+def evidence_html(cells: list[CellResult], models: dict[str, LoadedModel] | None = None, context: int = 8) -> str:
+    """A self-contained page: a summary table, then one section per cell that does not hold."""
+    models = models or {}
+    summary = "".join(
+        f"<tr><td>{html.escape(c.model)}</td><td>{html.escape(c.scenario)}</td><td>{html.escape(engine_spec(c))}</td>"
+        f"<td class='{c.status}'>{html.escape(cell_label(c))}</td></tr>" for c in cells)
+    sections = [cell_html_section(c, models.get(c.model) or load_model(c.model), context)
+                for c in cells if c.status != "holds" or len(cells) == 1]
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>PRR evidence</title>"
+            f"<style>{_CSS}</style></head><body><h1>Parse-render roundtrip evidence</h1>"
+            "<table><tr><th>model</th><th>scenario</th><th>engine</th><th>result</th></tr>"
+            f"{summary}</table>{''.join(sections)}</body></html>\n")
+
+
+def matrix_csv(cells: list[CellResult]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["model", "scenario", "engine", "engine_version", "status", "string_common", "string_prev_len",
+                     "token_common", "token_prev_len", "reused_tokens", "prefill_tokens", "cause_stage", "cause_kind",
+                     "cause_location", "fix"])
+    for c in cells:
+        f = c.focus
+        t = f.token_prefix if f else None
+        writer.writerow([c.model, c.scenario, c.engine, c.engine_version, c.status,
+                         f.string_prefix.common if f else "", f.string_prefix.prev_len if f else "",
+                         t.common if t else "", t.prev_len if t else "",
+                         f.reused_tokens if f and f.reused_tokens is not None else "",
+                         f.prefill_tokens if f and f.prefill_tokens is not None else "",
+                         c.cause.stage if c.cause else "", c.cause.kind if c.cause else "",
+                         c.cause.location if c.cause else "", (c.cause.fix or {}).get("text", "") if c.cause else ""])
+    return buf.getvalue()
+
+
+# ---- replay -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    cells: int
+    differences: tuple[str, ...]
+
+    @property
+    def matches(self) -> bool:
+        return not self.differences
+
+
+_COMPARED = ("status", "string_prefix", "token_prefix", "reused_tokens", "prefill_tokens")
+
+
+def _replay_one(evidence: dict, where: str) -> list[str]:
+    try:
+        repro = evidence["reproduce"]
+        model_id, scenario_id, engine, kwargs = repro["model"], repro["scenario"], repro["engine"], repro["kwargs"]
+    except (KeyError, TypeError) as err:
+        raise ExplorerError(f"{where}: not drift evidence: missing {err}") from err
+    model = load_model(model_id)
+    diffs = []
+    for name, digest in evidence.get("asset_hashes", {}).items():
+        now = model.asset_hashes.get(name)
+        if now != digest:
+            diffs.append(f"{where}: asset {name} sha256 was {digest[:12]}…, is now {(now or 'absent')[:12]}…")
+    scenario_now = _scenario_json(scenario_id)
+    if scenario_now["sha256"] != evidence.get("scenario", {}).get("sha256"):
+        diffs.append(f"{where}: scenario file {scenario_now['source']} changed since the export")
+    cell = run_cell(model_id, scenario_id, engine, kwargs)
+    now = cell_evidence(cell, model)
+    label = f"{where} ({model_id} × {scenario_id} × {engine})"
+    for key in _COMPARED:
+        if now["result"][key] != evidence["result"].get(key):
+            diffs.append(f"{label}: {key} was {evidence['result'].get(key)}, is now {now['result'][key]}")
+    old_cause, new_cause = evidence["result"].get("cause"), now["result"]["cause"]
+    for key in ("stage", "kind", "location"):
+        a = old_cause.get(key) if old_cause else None
+        b = new_cause.get(key) if new_cause else None
+        if a != b:
+            diffs.append(f"{label}: cause {key} was {a}, is now {b}")
+    for old_b, new_b in zip(evidence.get("boundaries", []), now["boundaries"]):
+        if old_b["completion"] != new_b["completion"]:
+            diffs.append(f"{label}: boundary {old_b['index']} completion text or ids differ")
+        if old_b["next_prompt"] != new_b["next_prompt"]:
+            diffs.append(f"{label}: boundary {old_b['index']} next prompt differs")
+    if len(evidence.get("boundaries", [])) != len(now["boundaries"]):
+        diffs.append(f"{label}: {len(evidence.get('boundaries', []))} boundaries before, {len(now['boundaries'])} now")
+    if evidence.get("break") != now["break"]:
+        diffs.append(f"{label}: the token window around the break differs")
+    return diffs
+
+
+def replay(path: Path) -> ReplayReport:
+    """Recompute every cell of an exported evidence file and list what no longer matches."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ExplorerError(f"{path}: cannot read evidence JSON: {err}") from err
+    if not isinstance(data, dict) or data.get("format") != EVIDENCE_FORMAT:
+        raise ExplorerError(f"{path}: not a {EVIDENCE_FORMAT} file (format is {data.get('format')!r})"
+                            if isinstance(data, dict) else f"{path}: not a {EVIDENCE_FORMAT} file")
+    items = data["cells"] if "cells" in data else [data]
+    diffs: list[str] = []
+    for i, item in enumerate(items):
+        diffs += _replay_one(item, f"{path.name}[{i}]" if "cells" in data else path.name)
+    return ReplayReport(len(items), tuple(diffs))

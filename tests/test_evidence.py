@@ -1,0 +1,149 @@
+"""Evidence export (JSON, Markdown, HTML, CSV) and replay, on real templates and tokenizers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ExplorerError
+from engine.evidence import (
+    COMPLETION,
+    EVIDENCE_FORMAT,
+    break_view,
+    cell_evidence,
+    cell_markdown,
+    evidence_html,
+    matrix_csv,
+    replay,
+)
+from engine.models import load_model
+from engine.simulate import run_cell
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def qwen_break():
+    # Qwen3.6 drops the previous turn's reasoning once a new user turn arrives (preserve_thinking=false).
+    return run_cell("qwen3.6", "next-user-turn", "vllm"), load_model("qwen3.6")
+
+
+def test_break_view_lines_up_the_first_differing_token(qwen_break) -> None:
+    cell, model = qwen_break
+    focus = cell.focus
+    view = break_view(model, focus, context=4)
+    assert view.level == "token"
+    assert view.first_token == focus.token_prefix.common
+    first_prev = next(r for r in view.prev.rows if r.position == view.first_token)
+    first_next = next(r for r in view.next.rows if r.position == view.first_token)
+    assert (first_prev.text, first_next.text) == ("<think>", "<tool_call>")
+    assert first_prev.id == model.tokenizer.token_id("<think>") and first_prev.special
+    lines = model.renderer.source_lines()
+    # Boundary 2: the first assistant turn (message 1) is history in both prompts; the previous prompt still shows
+    # its reasoning, the next (after a new user message) starts it at the tool call.
+    assert (first_prev.message_index, first_next.message_index) == (1, 1)
+    assert "<think>" in lines[first_prev.source_line - 1]
+    assert first_next.source_line == 114 and "<tool_call>" in lines[113]
+    tail = break_view(model, cell.boundaries[0], context=4).prev.rows[-1]
+    assert tail.message_index == COMPLETION  # at boundary 1 the last tokens are the model's own output
+    assert [r.differs for r in view.prev.rows] == [False] * 4 + [True] * 4
+    assert view.prev.text == focus.prev_text[view.prev.char_start:view.prev.char_start + len(view.prev.text)]
+    assert view.char_opcodes[0][0] == "equal"
+
+
+def test_string_level_view_without_tokenizer() -> None:
+    cell, model = run_cell("kimi-k2.6", "no-tools-next-user", "raw"), load_model("kimi-k2.6")
+    view = break_view(model, cell.focus)
+    assert view.level == "string" and view.first_token is None
+    assert view.first_char == cell.focus.string_prefix.common == 102
+    assert all(r.id is None for r in view.prev.rows)
+    assert "".join(r.text for r in view.prev.rows) == view.prev.text
+
+
+def test_evidence_json_reproduces_and_replays(qwen_break, tmp_path) -> None:
+    cell, model = qwen_break
+    evidence = cell_evidence(cell, model)
+    assert evidence["format"] == EVIDENCE_FORMAT
+    assert evidence["reproduce"] == {"model": "qwen3.6", "scenario": "next-user-turn", "engine": "vllm@0.33.0",
+                                     "kwargs": {"enable_thinking": True, "preserve_thinking": False}}
+    assert evidence["asset_hashes"] == model.asset_hashes
+    assert evidence["scenario"]["source"] == "scenarios/next-user-turn.yaml"
+    first = evidence["boundaries"][0]
+    assert first["completion"]["ids"] == list(cell.boundaries[0].completion_ids)
+    assert model.tokenizer.decode(first["completion"]["ids"]) == first["completion"]["text"]
+    assert evidence["break"]["first_token"] == cell.focus.token_prefix.common
+    path = tmp_path / "evidence.json"
+    path.write_text(json.dumps(evidence), encoding="utf-8")
+    report = replay(path)
+    assert report.matches and report.cells == 1
+
+
+def test_replay_names_what_changed(qwen_break, tmp_path) -> None:
+    cell, model = qwen_break
+    evidence = cell_evidence(cell, model)
+    evidence["result"]["status"] = "holds"
+    evidence["asset_hashes"]["tokenizer"] = "0" * 64
+    evidence["boundaries"][0]["completion"]["text"] += "x"
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(evidence), encoding="utf-8")
+    report = replay(path)
+    assert not report.matches
+    assert report.differences == (
+        "tampered.json: asset tokenizer sha256 was 000000000000…, is now 5f9e4d4901a9…",
+        "tampered.json (qwen3.6 × next-user-turn × vllm@0.33.0): status was holds, is now breaks",
+        "tampered.json (qwen3.6 × next-user-turn × vllm@0.33.0): boundary 1 completion text or ids differ",
+    )
+
+
+def test_replay_rejects_a_file_that_is_not_evidence(tmp_path) -> None:
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps({"cells": []}), encoding="utf-8")
+    with pytest.raises(ExplorerError, match=r"matrix.json: not a drift-evidence/1 file \(format is None\)"):
+        replay(path)
+
+
+def test_markdown_shows_both_sides_with_visible_whitespace_and_the_cause(qwen_break) -> None:
+    cell, model = qwen_break
+    text = cell_markdown(cell, model)
+    assert text.startswith("### qwen3.6 × next-user-turn × vllm@0.33.0: breaks\n")
+    assert "**Cause** (template, reasoning-dropped): `Qwen-Qwen3.6-35B-A3B.jinja:114`" in text
+    assert "**Fix**: set preserve_thinking=true" in text
+    assert "<|im_start|>assistant↵\n<think>↵" in text  # previous side, whitespace visible
+    assert "| 296 **≠** | 248068 | `<think>` | 248058 | `<tool_call>` |" in text
+
+
+def test_html_is_self_contained_and_marks_the_first_token(qwen_break) -> None:
+    cell, model = qwen_break
+    page = evidence_html([cell], {cell.model: model})
+    assert page.startswith("<!doctype html>")
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert page.count("class='first'") == 1
+    assert "Qwen-Qwen3.6-35B-A3B.jinja:114" in page
+
+
+def test_matrix_csv_has_one_row_per_cell() -> None:
+    cells = [run_cell("qwen3.6", s, e) for s in ("tool-call", "next-user-turn") for e in ("raw", "bridge")]
+    rows = list(csv.DictReader(io.StringIO(matrix_csv(cells))))
+    assert [(r["scenario"], r["engine"], r["status"]) for r in rows] == [
+        ("tool-call", "raw", "holds"), ("tool-call", "bridge", "holds"),
+        ("next-user-turn", "raw", "breaks"), ("next-user-turn", "bridge", "holds")]
+    assert rows[2]["cause_location"] == "Qwen-Qwen3.6-35B-A3B.jinja:114"
+
+
+def test_cli_export_then_replay(tmp_path) -> None:
+    out = tmp_path / "cell.json"
+    md = tmp_path / "cell.md"
+    cmd = [sys.executable, "-m", "engine", "export", "--model", "qwen3.5", "--scenario", "args-serialization",
+           "--engine", "vllm", "--json", str(out), "--markdown", str(md)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    assert "vllm/parser/qwen3.py:61-67" in md.read_text(encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "engine", "replay", str(out)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"{out}: 1 cell(s) recomputed; still matches"
