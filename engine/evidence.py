@@ -22,7 +22,7 @@ from engine.errors import ExplorerError
 from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
 from engine.scenario import SCENARIOS_DIR, load_scenario
-from engine.simulate import Boundary, CellResult, run_cell
+from engine.simulate import Boundary, Cause, CellResult, run_cell
 from engine.tokenize import Tokenizer
 from engine.types import Rendered
 
@@ -159,6 +159,34 @@ def break_view(model: LoadedModel, boundary: Boundary, context: int = 8) -> Brea
         char_opcodes=tuple((op, a1, a2, b1, b2) for op, a1, a2, b1, b2 in opcodes),
         source_path=boundary.next_prompt.source_path,
     )
+
+
+SOURCE_REPOS = {
+    "vllm": "https://github.com/vllm-project/vllm/blob/v{version}/{path}",
+    "sglang": "https://github.com/sgl-project/sglang/blob/v{version}/python/{path}",
+}
+
+
+def source_url(origin: str, path: str, line: int, end_line: int | None = None, hub_repo: str = "",
+               hub_file: str = "") -> str | None:
+    """A link to the blamed line: the engine's source at that version, or the template file on the Hub."""
+    anchor = f"#L{line}" + (f"-L{end_line}" if end_line and end_line != line else "")
+    name, _, version = origin.partition(" ")
+    if name in SOURCE_REPOS and version:
+        return SOURCE_REPOS[name].format(version=version, path=path) + anchor
+    if origin.startswith("template") and hub_repo and hub_file:
+        return f"https://huggingface.co/{hub_repo}/blob/main/{hub_file}{anchor}"
+    return None
+
+
+def cause_url(cause: Cause, model: LoadedModel) -> str | None:
+    path, _, lines = cause.location.rpartition(":")
+    first, _, last = lines.partition("-")
+    if not first.isdigit():
+        return None
+    hub_file = model.spec.assets["chat_template"].hub_file if "chat_template" in model.spec.assets else ""
+    return source_url(cause.origin, path, int(first), int(last) if last.isdigit() else None, model.spec.hub_repo,
+                      hub_file)
 
 
 def _focus_break(cell: CellResult) -> Boundary | None:
@@ -304,7 +332,7 @@ def matrix_markdown(cells: list[CellResult]) -> str:
 
 # ---- HTML -------------------------------------------------------------------------------------------------------
 
-_CSS = """
+EVIDENCE_CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#1b1f24}
 h1{font-size:1.4em} h2{font-size:1.15em;margin-top:2em;border-top:1px solid #ccc;padding-top:1em}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #d0d7de;padding:2px 6px;vertical-align:top}
@@ -316,7 +344,8 @@ pre{background:#f6f8fa;padding:.5em;white-space:pre-wrap} del{background:#ffcecb
 """
 
 
-def _side_table(view: BreakView) -> str:
+def side_by_side_html(view: BreakView) -> str:
+    """The token rows of both sides in one table, the first differing row marked (classes from EVIDENCE_CSS)."""
     rows = []
     for a, b in zip(view.prev.rows, view.next.rows):
         first = " class='first'" if a.position == view.first_token else (" class='differs'" if a.differs else "")
@@ -337,7 +366,7 @@ def _origin(row: TokenRow) -> str:
     return f"{where}, line {row.source_line}" if row.source_line else where
 
 
-def _char_diff_html(view: BreakView) -> str:
+def char_diff_html(view: BreakView) -> str:
     a, b = view.prev.text, view.next.text
     parts = []
     for op, a1, a2, b1, b2 in view.char_opcodes:
@@ -375,9 +404,9 @@ def cell_html_section(cell: CellResult, model: LoadedModel, context: int = 8) ->
                                 f" tokens kept, {focus.prefill_tokens} to prefill)" if focus.token_prefix else "")
                + "</p>")
     if view.level == "token":
-        out.append(_side_table(view))
+        out.append(side_by_side_html(view))
     out.append("<p>Character diff of the window (<del>previous only</del>, <ins>next only</ins>):</p>")
-    out.append(_char_diff_html(view))
+    out.append(char_diff_html(view))
     return "\n".join(out)
 
 
@@ -390,7 +419,7 @@ def evidence_html(cells: list[CellResult], models: dict[str, LoadedModel] | None
     sections = [cell_html_section(c, models.get(c.model) or load_model(c.model), context)
                 for c in cells if c.status != "holds" or len(cells) == 1]
     return ("<!doctype html><html><head><meta charset='utf-8'><title>PRR evidence</title>"
-            f"<style>{_CSS}</style></head><body><h1>Parse-render roundtrip evidence</h1>"
+            f"<style>{EVIDENCE_CSS}</style></head><body><h1>Parse-render roundtrip evidence</h1>"
             "<table><tr><th>model</th><th>scenario</th><th>engine</th><th>result</th></tr>"
             f"{summary}</table>{''.join(sections)}</body></html>\n")
 

@@ -73,11 +73,15 @@ def matrix_json(cells: list[CellResult]) -> dict:
 STATUS_MARK = {"holds": "✓", "breaks": "✗", "error": "!", "unavailable": "–"}
 
 
-def cell_label(cell: CellResult) -> str:
+def cell_label(cell: CellResult, level: str = "token") -> str:
+    """Status mark plus what the cell loses: tokens (characters when string level is asked or all there is)."""
     focus = cell.focus
-    if cell.status == "breaks" and focus is not None:
-        lost = (focus.token_prefix.prev_len - focus.token_prefix.common) if focus.token_prefix else \
-            focus.string_prefix.prev_len - focus.string_prefix.common
-        unit = "tok" if focus.token_prefix else "chr"
-        return f"✗ -{lost}{unit}"
+    if focus is None or cell.status in ("error", "unavailable"):
+        return STATUS_MARK[cell.status]
+    check = focus.token_prefix if level == "token" and focus.token_prefix else focus.string_prefix
+    if not check.holds:
+        unit = "tok" if check is focus.token_prefix else "chr"
+        return f"✗ -{check.prev_len - check.common}{unit}"
+    if cell.status == "breaks":  # breaks at token level only, and string level was asked for
+        return "✓ str"
     return STATUS_MARK[cell.status]

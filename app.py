@@ -1,0 +1,14 @@
+"""The drift-matrix explorer: `streamlit run app.py`. Thin: every page only calls the `engine` library."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+st.set_page_config(page_title="Drift matrix explorer", page_icon="🧭", layout="wide")
+
+navigation = st.navigation([
+    st.Page("pages/matrix.py", title="Drift matrix", icon="🧮", default=True, url_path="matrix"),
+    st.Page("pages/custom_templates.py", title="Custom templates", icon="📤", url_path="custom"),
+    st.Page("pages/session.py", title="Agent session", icon="⏱️", url_path="session"),
+])
+navigation.run()

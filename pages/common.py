@@ -1,0 +1,192 @@
+"""What the pages share: cached models, the cell detail view (token diff, cause card, fix button) and exports.
+
+Everything computed comes from `engine`; this module only lays it out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from engine.errors import ExplorerError
+from engine.evidence import (
+    COMPLETION,
+    EVIDENCE_CSS,
+    break_view,
+    cause_url,
+    cell_evidence,
+    cell_markdown,
+    char_diff_html,
+    engine_spec,
+    evidence_html,
+    side_by_side_html,
+)
+from engine.models import LoadedModel, load_model
+from engine.scenario import load_scenario
+from engine.simulate import Boundary, CellResult
+
+STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
+LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
+          "✗ -N tok: breaks, N tokens of the previous sequence must be prefilled again (chr: string level) · "
+          "! error: the template or engine refuses the request · – unavailable: not emulated or no tokenizer")
+
+
+@st.cache_resource(show_spinner=False)
+def cached_model(model_id: str) -> LoadedModel:
+    return load_model(model_id)
+
+
+def status_style(label: str) -> str:
+    status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label[:1], "")
+    return f"background-color: {STATUS_COLOURS[status]}" if status else ""
+
+
+def _css() -> None:
+    st.html(f"<style>{EVIDENCE_CSS.replace('body{', '.drift-body{')}</style>")
+
+
+def show_break(model: LoadedModel, boundary: Boundary, key: str) -> None:
+    """The two token sequences side by side around the first break, and a character diff of the same window."""
+    context = st.slider("Tokens of context on each side", 2, 40, 8, key=f"{key}:context")
+    view = break_view(model, boundary, context)
+    s = boundary.string_prefix
+    where = f"char {view.first_char} ({s.common}/{s.prev_len} kept)"
+    if boundary.token_prefix is not None:
+        t = boundary.token_prefix
+        where += f", token {view.first_token} ({t.common}/{t.prev_len} kept, {boundary.prefill_tokens} to prefill)"
+    st.markdown(f"**Boundary {boundary.index}** (client appended a {boundary.trigger} message): first difference at "
+                f"{where}.")
+    _css()
+    if view.level == "token":
+        st.html(side_by_side_html(view))
+    else:
+        st.caption("String level (no tokenizer for this model): rows are spans from one message and template line.")
+        rows = [{"previous": r.text, "from (previous)": _from(r.message_index, r.source_line),
+                 "next": n.text, "from (next)": _from(n.message_index, n.source_line)}
+                for r, n in zip(view.prev.rows, view.next.rows)]
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+    st.markdown("Character diff of the window (red: only in the previous sequence, green: only in the next):")
+    st.html(char_diff_html(view))
+
+
+def _from(message_index: int, line: int) -> str:
+    if message_index == COMPLETION:
+        return "model output"
+    return (f"message {message_index}" if message_index >= 0 else "template") + (f", line {line}" if line else "")
+
+
+def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
+    cause = cell.cause
+    if cause is None:
+        return
+    with st.container(border=True):
+        url = cause_url(cause, model)
+        location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
+        st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
+        st.write(cause.detail)
+        if cause.stage == "template":
+            _template_lines(model, cause.location)
+        elif cause.stage == "parser" and cell.focus is not None:
+            edits = [e for e in (*cell.focus.parse.edits, *cell.focus.request_edits) if str(e.location) ==
+                     cause.location.split(" ")[0]]
+            for edit in edits[:1]:
+                cols = st.columns(2)
+                cols[0].caption("engine was given")
+                cols[0].code(edit.before or "(empty)", language=None)
+                cols[1].caption("engine returned")
+                cols[1].code(edit.after or "(empty)", language=None)
+        if cause.fix:
+            label = f"Apply fix: {cause.fix.get('text')}"
+            if apply_fix is None:
+                st.markdown(f"**Fix:** {cause.fix.get('text')}")
+            else:
+                st.button(label, key=f"{key}:fix", on_click=apply_fix, args=(cause.fix,), type="primary")
+
+
+def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
+    _, _, line_part = location.rpartition(":")
+    if not line_part.split("-")[0].isdigit():
+        return
+    line = int(line_part.split("-")[0])
+    lines = model.renderer.source_lines()
+    lo, hi = max(1, line - around), min(len(lines), line + around)
+    rows = "".join(
+        f"<tr style='{'background:#fff8c5;font-weight:600' if n == line else ''}'><td>{n}</td>"
+        f"<td class='tok'>{html.escape(lines[n - 1])}</td></tr>" for n in range(lo, hi + 1))
+    st.html(f"<table>{rows}</table>")
+
+
+def boundaries_table(cell: CellResult) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "boundary": b.index, "client appended": b.trigger, "holds": "✓" if b.holds else "✗",
+        "chars kept": f"{b.string_prefix.common}/{b.string_prefix.prev_len}",
+        "tokens kept": f"{b.token_prefix.common}/{b.token_prefix.prev_len}" if b.token_prefix else "—",
+        "reused": b.reused_tokens, "prefill": b.prefill_tokens,
+    } for b in cell.boundaries])
+
+
+def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
+    """The detail of one cell: figures, every boundary, the break side by side, the cause, exports."""
+    scenario = load_scenario(cell.scenario)
+    st.subheader(f"{cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}")
+    st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
+               + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
+    if cell.status in ("error", "unavailable"):
+        (st.error if cell.status == "error" else st.info)(cell.note or cell.status)
+    elif cell.note:
+        st.info(cell.note)
+    if len(cell.boundaries) > 1:
+        st.dataframe(boundaries_table(cell), hide_index=True)
+    breaking = [b for b in cell.boundaries if not b.holds]
+    if breaking:
+        choice = breaking[0]
+        if len(breaking) > 1:
+            index = st.selectbox("Boundary", [b.index for b in breaking], key=f"{key}:boundary")
+            choice = next(b for b in breaking if b.index == index)
+        cause_card(cell, model, apply_fix, key)
+        show_break(model, choice, key)
+    elif cell.boundaries:
+        last = cell.boundaries[-1]
+        st.success(f"Every boundary holds: the next prompt extends the previous sequence "
+                   f"({last.reused_tokens if last.reused_tokens is not None else last.string_prefix.common} "
+                   f"{'tokens' if last.reused_tokens is not None else 'chars'} reused at the last boundary).")
+    export_buttons(cell, model, key)
+
+
+def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
+    stem = f"{cell.model}_{cell.scenario}_{engine_spec(cell)}".replace("@", "-").replace("/", "-")
+    cols = st.columns(3)
+    try:
+        cols[0].download_button("Evidence JSON", json.dumps(cell_evidence(cell, model), ensure_ascii=False,
+                                                             indent=2), f"{stem}.json", "application/json",
+                                key=f"{key}:json")
+        cols[1].download_button("Markdown", cell_markdown(cell, model), f"{stem}.md", "text/markdown",
+                                key=f"{key}:md")
+        cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
+                                key=f"{key}:html")
+    except ExplorerError as err:
+        st.error(f"Export failed: {err}")
+
+
+def describe_error(err: BaseException) -> str:
+    """One sentence for the page; the rest of the app keeps working."""
+    return str(err) if isinstance(err, ExplorerError) else f"{type(err).__name__}: {err}"
+
+
+def kwarg_state_key(model_id: str, name: str) -> str:
+    return f"kw:{model_id}:{name}"
+
+
+def user_kwargs(model: LoadedModel) -> dict[str, Any]:
+    """The template kwargs the user set away from the model's defaults (the toggles in the sidebar)."""
+    out = {}
+    for kwarg in model.spec.template_kwargs:
+        value = st.session_state.get(kwarg_state_key(model.id, kwarg.name), kwarg.default)
+        if value != kwarg.default:
+            out[kwarg.name] = value
+    return out
