@@ -8,6 +8,7 @@ from engine.models import default_model_ids, load_spec
 from engine.workspace import Workspace, default_root
 from pages.common import describe_error
 
+
 def _workspace() -> Workspace:
     root = st.session_state.setdefault("workspace_root", str(default_root()))
     return Workspace(root)

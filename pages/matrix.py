@@ -26,6 +26,7 @@ from pages.common import (
     user_kwargs,
 )
 
+INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35
 ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", "vLLM | SGLang")
 VERSIONS = {name: [s.split("@")[1] for s in list_engines() if s.startswith(name + "@")] for name in ("vllm", "sglang")}
 
@@ -193,9 +194,11 @@ def main() -> None:
         [[_label(grid[(s, c.title)], level, c, grid, s) for c in columns] for s in scenarios],
         index=pd.Index(scenarios, name="scenario"), columns=[c.title for c in columns])
     st.caption(LEGEND + " · ◆ custom template differs from the stock one")
+    # Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position).
+    config = {"_index": st.column_config.TextColumn("scenario", width=INDEX_WIDTH)}
+    config.update({c.title: st.column_config.TextColumn(c.title, width=COLUMN_WIDTH) for c in columns})
     event = st.dataframe(frame.style.map(status_style), on_select="rerun", selection_mode="single-cell",
-                         key="matrix", width="stretch",
-                         height=min(40 + 35 * len(scenarios), 600))
+                         key="matrix", column_config=config, height=ROW_HEIGHT * (len(scenarios) + 1) + 3)
     cells_picked = event.selection.cells if event and event.selection else []
     if cells_picked:
         row, title = cells_picked[0]

@@ -1,0 +1,139 @@
+"""End to end in a real browser: Debian's chromium driven by Playwright against `streamlit run app.py` on loopback.
+
+Clicks a matrix cell, checks that the token diff and the cause appear, applies the fix, uploads a template (a good
+one and a hostile one), opens the session page, and saves screenshots to build/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# The probe's flags: without the background-networking ones Chromium hammers the closed network.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35  # pages/matrix.py fixes these so cells sit at known places
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium for this test")
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory) -> Iterator[str]:
+    port = _free_port()
+    env = {**os.environ, "DRIFT_WORKSPACE": str(tmp_path_factory.mktemp("workspace"))}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError as err:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    output = server.stdout.read() if server.stdout else ""
+                    raise RuntimeError(f"streamlit did not start: {output}") from err
+                time.sleep(0.3)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1600, "height": 1200})
+        tab.set_default_timeout(120_000)
+        yield tab
+        browser.close()
+
+
+def _click_cell(page, row: int, column: int) -> None:
+    grid = page.locator("[data-testid='stDataFrame']").first
+    box = grid.bounding_box()
+    assert box is not None
+    x = box["x"] + INDEX_WIDTH + COLUMN_WIDTH * column + COLUMN_WIDTH / 2
+    y = box["y"] + ROW_HEIGHT * (row + 1) + ROW_HEIGHT / 2
+    page.mouse.click(x, y)
+
+
+def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_url) -> None:
+    page.goto(app_url)
+    page.locator("[data-testid='stDataFrame']").first.wait_for()
+    page.get_by_text("cells in").first.wait_for()
+    page.screenshot(path=str(SHOTS / "matrix.png"), full_page=True)
+    scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem != "tools")
+    _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6
+    page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: breaks").wait_for()
+    page.get_by_text("Cause: template").wait_for()
+    page.locator("tr.first").first.wait_for()  # the first differing token row, highlighted
+    assert "<tool_call>" in page.locator("tr.first").first.inner_text()
+    assert "model=qwen3.6" in page.url and "scenario=next-user-turn" in page.url
+    page.screenshot(path=str(SHOTS / "cell-detail.png"), full_page=True)
+    page.get_by_role("button", name="Apply fix: set preserve_thinking=true").click()
+    page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
+    assert "preserve_thinking" in page.url
+    shared = page.url
+    page.goto(shared)  # a shared link reopens the same cell with the same kwargs
+    page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
+
+
+def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
+    from engine.models import load_model
+
+    stock = load_model("qwen3.5").renderer.source_lines()
+    good = tmp_path / "qwen-keep-reasoning.jinja"
+    good.write_text("\n".join(stock) + "\n", encoding="utf-8")
+    loop = tmp_path / "loop.jinja"
+    loop.write_text("{% for i in range(10**9) %}{% for j in range(10**9) %}x{% endfor %}{% endfor %}",
+                    encoding="utf-8")
+    page.goto(f"{app_url}/custom")
+    page.get_by_text("Upload and validate").wait_for()
+    page.locator("input[type=file]").first.set_input_files(str(good))
+    page.get_by_role("combobox").first.wait_for()
+    page.get_by_role("button", name="Upload and validate").click()
+    page.get_by_text("it is now a column next to").wait_for()
+    page.locator("input[type=file]").first.set_input_files(str(loop))
+    page.get_by_role("button", name="Upload and validate").click()
+    page.get_by_text("loop.jinja").first.wait_for()
+    page.get_by_text("limit").first.wait_for()
+    page.screenshot(path=str(SHOTS / "custom-templates.png"), full_page=True)
+
+
+def test_session_page_opens(page, app_url) -> None:
+    page.goto(f"{app_url}/session")
+    page.get_by_text("prefill, token-level").wait_for()
+    page.locator("[data-testid='stMetricValue']").first.wait_for()
+    page.screenshot(path=str(SHOTS / "session.png"), full_page=True)
+    values = page.locator("[data-testid='stMetricValue']").all_inner_texts()
+    assert values[:2] == ["3001", "1037"]  # the handbook's session: prompt tokens, prefill at token level
