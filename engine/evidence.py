@@ -148,7 +148,7 @@ def break_view(model: LoadedModel, boundary: Boundary, context: int = 8) -> Brea
         next_rows = _char_rows(next_text, next_lo, next_hi, first_char, next_msg, next_line)
         first_token = None
     prev_window, next_window = prev_text[prev_lo:prev_hi], next_text[next_lo:next_hi]
-    opcodes = difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes()
+    opcodes = _readable(difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes())
     return BreakView(
         boundary=boundary.index,
         level="token" if token_level else "string",
@@ -187,6 +187,27 @@ def cause_url(cause: Cause, model: LoadedModel) -> str | None:
     hub_file = model.spec.assets["chat_template"].hub_file if "chat_template" in model.spec.assets else ""
     return source_url(cause.origin, path, int(first), int(last) if last.isdigit() else None, model.spec.hub_repo,
                       hub_file)
+
+
+Opcode = tuple[str, int, int, int, int]
+
+
+def _readable(opcodes: list[Opcode], min_equal: int = 4) -> list[Opcode]:
+    """Fold short equal runs between two changes into one replace, so `<think>` vs `<tool_call>` reads as one
+    change instead of a scatter of matched letters."""
+    out: list[Opcode] = []
+    for i, op in enumerate(opcodes):
+        tag, a1, a2, b1, b2 = op
+        between = 0 < i < len(opcodes) - 1
+        if out and (tag != "equal" or (between and a2 - a1 < min_equal)) and out[-1][0] != "equal":
+            _, pa1, _, pb1, _ = out[-1]
+            out[-1] = ("replace", pa1, a2, pb1, b2)
+        elif tag == "equal" and between and a2 - a1 < min_equal:
+            out.append(("replace", a1, a2, b1, b2))
+        else:
+            out.append(op)
+    return [("delete" if b1 == b2 else "insert" if a1 == a2 else tag, a1, a2, b1, b2) if tag == "replace" else
+            (tag, a1, a2, b1, b2) for tag, a1, a2, b1, b2 in out]
 
 
 def _focus_break(cell: CellResult) -> Boundary | None:

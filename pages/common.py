@@ -25,6 +25,7 @@ from engine.evidence import (
     engine_spec,
     evidence_html,
     side_by_side_html,
+    visible,
 )
 from engine.models import LoadedModel, load_model
 from engine.scenario import load_scenario
@@ -97,9 +98,9 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
             for edit in edits[:1]:
                 cols = st.columns(2)
                 cols[0].caption("engine was given")
-                cols[0].code(edit.before or "(empty)", language=None)
+                cols[0].code(visible(edit.before) or "(empty)", language=None)
                 cols[1].caption("engine returned")
-                cols[1].code(edit.after or "(empty)", language=None)
+                cols[1].code(visible(edit.after) or "(empty)", language=None)
         if cause.fix:
             label = f"Apply fix: {cause.fix.get('text')}"
             if apply_fix is None:
