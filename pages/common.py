@@ -165,11 +165,11 @@ def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
     try:
         cols[0].download_button("Evidence JSON", json.dumps(cell_evidence(cell, model), ensure_ascii=False,
                                                              indent=2), f"{stem}.json", "application/json",
-                                key=f"{key}:json")
+                                key=f"{key}:json", on_click="ignore")
         cols[1].download_button("Markdown", cell_markdown(cell, model), f"{stem}.md", "text/markdown",
-                                key=f"{key}:md")
+                                key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
-                                key=f"{key}:html")
+                                key=f"{key}:html", on_click="ignore")
     except ExplorerError as err:
         st.error(f"Export failed: {err}")
 

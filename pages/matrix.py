@@ -229,9 +229,10 @@ def _upload_label(upload_id: str) -> str:
 
 def _exports(cells: list[CellResult], loaded: dict[str, LoadedModel]) -> None:
     cols = st.columns(4)
-    cols[0].download_button("Matrix CSV", matrix_csv(cells), "drift-matrix.csv", "text/csv", key="export:csv")
+    cols[0].download_button("Matrix CSV", matrix_csv(cells), "drift-matrix.csv", "text/csv", key="export:csv",
+                            on_click="ignore")
     cols[1].download_button("Matrix JSON", json.dumps(matrix_json(cells), ensure_ascii=False, indent=2),
-                            "drift-matrix.json", "application/json", key="export:json")
+                            "drift-matrix.json", "application/json", key="export:json", on_click="ignore")
     stock = [c for c in cells if c.model in loaded and "+" not in c.model]
     if cols[2].button("Prepare evidence (JSON + HTML)", key="export:prepare"):
         st.session_state.matrix_evidence = (
@@ -240,8 +241,9 @@ def _exports(cells: list[CellResult], loaded: dict[str, LoadedModel]) -> None:
     if "matrix_evidence" in st.session_state:
         evidence, page = st.session_state.matrix_evidence
         cols[2].download_button("Evidence JSON", evidence, "drift-evidence.json", "application/json",
-                                key="export:evidence")
-        cols[3].download_button("Evidence HTML", page, "drift-evidence.html", "text/html", key="export:html")
+                                key="export:evidence", on_click="ignore")
+        cols[3].download_button("Evidence HTML", page, "drift-evidence.html", "text/html", key="export:html",
+                                on_click="ignore")
 
 
 def _detail(loaded: dict[str, LoadedModel]) -> None:

@@ -99,13 +99,23 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     page.locator("tr.first").first.wait_for()  # the first differing token row, highlighted
     assert "<tool_call>" in page.locator("tr.first").first.inner_text()
     assert "model=qwen3.6" in page.url and "scenario=next-user-turn" in page.url
-    page.screenshot(path=str(SHOTS / "cell-detail.png"), full_page=True)
+    # The main area scrolls inside its own container: bring the detail into view before each shot.
+    page.get_by_text("Cause: template").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "cell-cause.png"))
+    page.locator("tr.first").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "cell-diff.png"))
     page.get_by_role("button", name="Apply fix: set preserve_thinking=true").click()
     page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
     assert "preserve_thinking" in page.url
     shared = page.url
     page.goto(shared)  # a shared link reopens the same cell with the same kwargs
     page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
+    # A real download of the matrix as CSV (after the fix: this cell now holds).
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Matrix CSV").click()
+    rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("model,scenario,engine,engine_version,status,")
+    assert len(rows) == 1 + 6 * 13 and "qwen3.6,next-user-turn,vllm,0.33.0,holds," in "\n".join(rows)
 
 
 def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
