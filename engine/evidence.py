@@ -21,10 +21,11 @@ from pathlib import Path
 from engine.errors import ExplorerError
 from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
+from engine.prefix import common_prefix
 from engine.scenario import SCENARIOS_DIR, load_scenario
 from engine.simulate import Boundary, Cause, CellResult, run_cell
 from engine.tokenize import Tokenizer
-from engine.types import Rendered
+from engine.types import Rendered, Tokens
 
 EVIDENCE_FORMAT = "drift-evidence/1"
 COMPLETION = -2  # message index of characters the model itself produced (not rendered by the template)
@@ -90,7 +91,7 @@ def _token_starts(tokenizer: Tokenizer, segments: list[tuple[str, tuple[int, ...
     return starts
 
 
-def _rows(tokenizer: Tokenizer, ids: tuple[int, ...], starts: list[int], lo: int, hi: int, first: int,
+def _rows(tokenizer: Tokenizer, ids: tuple[int, ...], starts: tuple[int, ...], lo: int, hi: int, first: int,
           message_index: tuple[int, ...], source_line: tuple[int, ...]) -> tuple[TokenRow, ...]:
     rows = []
     for i in range(lo, min(hi, len(ids))):
@@ -116,49 +117,80 @@ def _char_rows(text: str, lo: int, hi: int, first: int, message_index: tuple[int
     return tuple(rows)
 
 
-def break_view(model: LoadedModel, boundary: Boundary, context: int = 8) -> BreakView:
-    """The two sequences side by side around the first difference, `context` tokens (or spans) each way."""
-    prev_text, next_text = boundary.prev_text, boundary.next_prompt.text
-    prev_msg, prev_line = _char_provenance(boundary.prev_prompt, len(boundary.completion.text))
-    next_msg, next_line = _char_provenance(boundary.next_prompt)
-    first_char = boundary.string_prefix.common
-    tokenizer = model.tokenizer
-    token_level = tokenizer is not None and boundary.token_prefix is not None and boundary.prev_ids is not None \
-        and boundary.next_ids is not None
+@dataclass(frozen=True)
+class CompareSide:
+    """One side of a comparison: text with per-character provenance, and its token ids with their char starts."""
+
+    label: str
+    text: str
+    message_index: tuple[int, ...]
+    source_line: tuple[int, ...]
+    ids: tuple[int, ...] | None = None
+    starts: tuple[int, ...] | None = None
+
+
+def compare(tokenizer: Tokenizer | None, prev: CompareSide, nxt: CompareSide, *, boundary: int, source_path: str,
+            context: int = 8) -> BreakView:
+    """The two sequences side by side around their first difference, `context` tokens (or spans) each way."""
+    first_char = common_prefix(prev.text, nxt.text)
+    token_level = tokenizer is not None and None not in (prev.ids, nxt.ids, prev.starts, nxt.starts)
     if token_level:
-        assert tokenizer is not None and boundary.prev_ids is not None and boundary.next_ids is not None
-        assert boundary.prev_prompt_ids is not None and boundary.completion_ids is not None
-        first = boundary.token_prefix.common if boundary.token_prefix else 0
+        assert tokenizer is not None and prev.ids is not None and nxt.ids is not None
+        assert prev.starts is not None and nxt.starts is not None
+        first = common_prefix(prev.ids, nxt.ids)
         lo, hi = max(0, first - context), first + context
-        prev_starts = _token_starts(tokenizer, [(boundary.prev_prompt.text, boundary.prev_prompt_ids),
-                                                (boundary.completion.text, boundary.completion_ids)])
-        next_starts = _token_starts(tokenizer, [(next_text, boundary.next_ids)])
-        prev_rows = _rows(tokenizer, boundary.prev_ids, prev_starts, lo, hi, first, prev_msg, prev_line)
-        next_rows = _rows(tokenizer, boundary.next_ids, next_starts, lo, hi, first, next_msg, next_line)
-        prev_lo = prev_starts[lo] if lo < len(prev_starts) else len(prev_text)
-        next_lo = next_starts[lo] if lo < len(next_starts) else len(next_text)
-        prev_hi = prev_starts[hi] if hi < len(prev_starts) else len(prev_text)
-        next_hi = next_starts[hi] if hi < len(next_starts) else len(next_text)
+        prev_rows = _rows(tokenizer, prev.ids, prev.starts, lo, hi, first, prev.message_index, prev.source_line)
+        next_rows = _rows(tokenizer, nxt.ids, nxt.starts, lo, hi, first, nxt.message_index, nxt.source_line)
+
+        def at(side: CompareSide, i: int) -> int:
+            assert side.starts is not None
+            return side.starts[i] if i < len(side.starts) else len(side.text)
+
+        prev_lo, next_lo, prev_hi, next_hi = at(prev, lo), at(nxt, lo), at(prev, hi), at(nxt, hi)
         first_token: int | None = first
     else:
         span = context * 6
         prev_lo = next_lo = max(0, first_char - span)
-        prev_hi, next_hi = min(len(prev_text), first_char + span), min(len(next_text), first_char + span)
-        prev_rows = _char_rows(prev_text, prev_lo, prev_hi, first_char, prev_msg, prev_line)
-        next_rows = _char_rows(next_text, next_lo, next_hi, first_char, next_msg, next_line)
+        prev_hi, next_hi = min(len(prev.text), first_char + span), min(len(nxt.text), first_char + span)
+        prev_rows = _char_rows(prev.text, prev_lo, prev_hi, first_char, prev.message_index, prev.source_line)
+        next_rows = _char_rows(nxt.text, next_lo, next_hi, first_char, nxt.message_index, nxt.source_line)
         first_token = None
-    prev_window, next_window = prev_text[prev_lo:prev_hi], next_text[next_lo:next_hi]
+    prev_window, next_window = prev.text[prev_lo:prev_hi], nxt.text[next_lo:next_hi]
     opcodes = _readable(difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes())
     return BreakView(
-        boundary=boundary.index,
+        boundary=boundary,
         level="token" if token_level else "string",
         first_token=first_token,
         first_char=first_char,
-        prev=SideView("previous prompt + completion", prev_rows, prev_lo, prev_window),
-        next=SideView("next prompt", next_rows, next_lo, next_window),
-        char_opcodes=tuple((op, a1, a2, b1, b2) for op, a1, a2, b1, b2 in opcodes),
-        source_path=boundary.next_prompt.source_path,
+        prev=SideView(prev.label, prev_rows, prev_lo, prev_window),
+        next=SideView(nxt.label, next_rows, next_lo, next_window),
+        char_opcodes=tuple(opcodes),
+        source_path=source_path,
     )
+
+
+def break_view(model: LoadedModel, boundary: Boundary, context: int = 8) -> BreakView:
+    """A matrix cell's boundary: previous prompt + completion against the next prompt."""
+    prev_msg, prev_line = _char_provenance(boundary.prev_prompt, len(boundary.completion.text))
+    next_msg, next_line = _char_provenance(boundary.next_prompt)
+    tokenizer = model.tokenizer
+    prev_ids, next_ids = boundary.prev_ids, boundary.next_ids
+    prev_starts = next_starts = None
+    if tokenizer is not None and prev_ids is not None and next_ids is not None:
+        assert boundary.prev_prompt_ids is not None and boundary.completion_ids is not None
+        prev_starts = tuple(_token_starts(tokenizer, [(boundary.prev_prompt.text, boundary.prev_prompt_ids),
+                                                      (boundary.completion.text, boundary.completion_ids)]))
+        next_starts = tuple(_token_starts(tokenizer, [(boundary.next_prompt.text, next_ids)]))
+    prev = CompareSide("previous prompt + completion", boundary.prev_text, prev_msg, prev_line, prev_ids, prev_starts)
+    nxt = CompareSide("next prompt", boundary.next_prompt.text, next_msg, next_line, next_ids, next_starts)
+    return compare(tokenizer, prev, nxt, boundary=boundary.index, source_path=boundary.next_prompt.source_path,
+                   context=context)
+
+
+def rendered_sequence(label: str, rendered: Rendered, tokens: Tokens | None) -> CompareSide:
+    """A rendered text (and its tokenization, if any) as one side of `compare`."""
+    return CompareSide(label, rendered.text, rendered.message_index, rendered.source_line,
+                    tokens.ids if tokens else None, tuple(start for start, _ in tokens.offsets) if tokens else None)
 
 
 SOURCE_REPOS = {
