@@ -1,15 +1,51 @@
 """A whole agent task as a chain of requests: what each request reuses from the prefix cache and what it prefills.
 
-The accounting follows the inference handbook (seed 003): request k's prompt is compared with the whole sequence of
-request k-1 (its prompt plus its generation, rendered with add_generation_prompt=False); the common token prefix
-is what a prefix cache can reuse. Two cache designs refine it: block-granular reuse (only whole blocks are cached,
-as vLLM's block hashes; block size 1 is SGLang's token-level radix tree) and a hybrid (linear-attention) model whose
-state exists only at checkpoints, by default the end of each prompt and of each generation.
+The accounting follows the inference handbook (seed 003): request k's prompt is compared with the whole sequences
+(prompt plus generation, rendered with add_generation_prompt=False) of the requests before it; the longest common
+token prefix is what a prefix cache holding the session can reuse. In an append-only session every earlier sequence
+is a prefix of the previous one, so this is the handbook's "common prefix with the previous request's sequence".
+Two cache designs refine it: block-granular reuse (only whole blocks are cached, hashed with their parent, as
+vLLM's automatic prefix caching, seed 004; block size 1 is SGLang's token-level radix tree) and a hybrid
+(linear-attention) model whose state exists only at checkpoints, by default the end of each prompt and of each
+generation; a checkpoint counts only where the sequence it was taken in still agrees with the new prompt.
+
+Plain data in and out:
+
+- `SessionScript`: one scripted agent task read from `scenarios/sessions/<name>.json`: tools, system prompt, the
+  user/tool messages and the scripted assistant replies between them (`steps`), template kwargs, two unrelated
+  questions and a timestamp pattern for the cross-session experiments, and optional `what_if` settings
+  (`summary` {step, from_request, content}, `added_tool`, `tools_change_request`).
+- `CachedSequence` / `Reuse`: the pure accounting. `reuse_of(prompt_ids, cached, block_size)` says how many tokens a
+  prompt reuses at token, block and hybrid granularity from the sequences a cache holds.
+- `Counts`: prompt / reusable / prefill / decode tokens of one request (or a total) under one accounting
+  ("token", "block" or "hybrid", see `ACCOUNTINGS`).
+- `RequestRow`: one request: its counts under all three accountings (`counts(accounting)`), the length of the
+  previous request's sequence, which earlier request's sequence the reuse comes from (`matched_request`), and the
+  rendered prompt/sequence (`Rendered`, with per-character message index and template line) and their tokens
+  (`Tokens`, ids with character offsets). `breaks` is true when the reuse is short of the whole previous sequence.
+- `SessionReport`: all rows plus the settings (kwargs, block size, checkpoint policy, history mode, rewrites);
+  `totals(accounting)` sums a column, `to_json()` is the CLI's JSON.
+- `BreakView` (from `break_view(report, index)`): for a request that breaks, the sequence it is compared with and
+  the next prompt (text, provenance, token ids and offsets), the first differing token and character, where the
+  differing token starts, and the template line (`engine.types.Location`) that emitted the differing character on
+  each side: what a page needs to open the same break view as a matrix cell.
+- `StepRewrite` / `ToolsChange`: the history rewritten mid-way: from request k on, a step's content is replaced
+  (a tool result summarised) or the tool list changes.
+- `WhatIfRequest` / `WhatIfResult`: one what-if experiment: per request the prompt and the reused tokens before
+  and after the switch (token, block and hybrid), totals, a one-line description with the figures, and the two
+  `SessionReport`s when the experiment is a whole session. `WHAT_IFS` is the registry by name (`what_if_names()`,
+  `run_what_if(name, ...)`).
+
+History modes: "template" re-renders every request from the messages, as clients do; "append" keeps the history
+as first rendered, each prompt being the previous request's whole sequence plus what the template renders for the
+new messages and the generation prompt (the handbook's own way to answer its exercise for a template without a
+preserve switch).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +53,14 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
+from engine.types import Location, Rendered, Tokens
 
 SESSIONS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "sessions"
+
+ACCOUNTINGS = ("token", "block", "hybrid")
+CHECKPOINT_POLICIES = ("prompt-and-generation-end", "generation-end", "none")
+HISTORY_MODES = ("template", "append")
+STEP_ROLES = ("user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -32,6 +74,13 @@ class SessionScript:
     unrelated_questions: tuple[str, ...] = ()
     timestamp_template: str = ""
     timestamp_seconds: tuple[int, ...] = ()
+    what_if: dict[str, Any] = field(default_factory=dict)  # settings for the what-if experiments
+    source: str = ""  # the file it was read from
+
+    @property
+    def request_steps(self) -> list[int]:
+        """Indexes into `steps` of the messages that each start a request (every user or tool message)."""
+        return [i for i, m in enumerate(self.steps) if m["role"] != "assistant"]
 
 
 def session_ids() -> list[str]:
@@ -48,7 +97,7 @@ def load_session(name_or_path: str) -> SessionScript:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         stamp = raw.get("timestamp", {})
-        return SessionScript(
+        script = SessionScript(
             id=raw.get("id", path.stem),
             description=raw.get("description", ""),
             tools=raw.get("tools"),
@@ -58,9 +107,85 @@ def load_session(name_or_path: str) -> SessionScript:
             unrelated_questions=tuple(raw.get("unrelated_questions", ())),
             timestamp_template=stamp.get("template", ""),
             timestamp_seconds=tuple(stamp.get("seconds", ())),
+            what_if=dict(raw.get("what_if", {})),
+            source=str(path),
         )
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
         raise ExplorerError(f"session script {path} is malformed: {err}") from err
+    for i, step in enumerate(script.steps):
+        if not isinstance(step, dict) or step.get("role") not in STEP_ROLES:
+            raise ExplorerError(f"session script {path}: step {i} must be a message whose role is one of "
+                                f"{', '.join(STEP_ROLES)}, got {step!r:.80}")
+    if not script.request_steps:
+        raise ExplorerError(f"session script {path} has no user or tool message, so it makes no request")
+    return script
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pure accounting
+
+
+@dataclass(frozen=True)
+class CachedSequence:
+    """A sequence a prefix cache holds (a request's prompt plus generation) and where a hybrid model kept state."""
+
+    ids: tuple[int, ...]
+    checkpoints: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Reuse:
+    token: int  # longest common prefix with any cached sequence
+    block: int  # the whole blocks inside it
+    hybrid: int  # the furthest checkpoint still valid for this prompt
+    matched: int  # index into `cached` of the sequence giving `token` (-1: nothing cached)
+
+
+def block_reusable(common: int, block_size: int) -> int:
+    """Tokens a block-granular cache reuses: only whole blocks inside the common prefix.
+
+    A block's key hashes its parent's key and its own tokens, so block b hits only if blocks 0..b all lie in the
+    common prefix; the block holding the first differing token, and all after it, are recomputed.
+    """
+    return (common // block_size) * block_size
+
+
+def reuse_of(prompt_ids: Sequence[int], cached: Sequence[CachedSequence], block_size: int) -> Reuse:
+    """What `prompt_ids` reuses from a cache holding `cached` (no eviction), at token, block and hybrid granularity.
+
+    A hybrid model's checkpoint at position c of a sequence is usable only if that sequence agrees with the prompt
+    through c: the linear-attention state sums up the whole prefix before it.
+    """
+    prompt = tuple(prompt_ids)  # a list never equals a tuple slice, so compare tuples with tuples
+    token, hybrid, matched = 0, 0, -1
+    for j, sequence in enumerate(cached):
+        common = common_prefix(prompt, tuple(sequence.ids))
+        if common >= token:  # ties go to the latest sequence, the one a break view compares with
+            token, matched = common, j
+        hybrid = max(hybrid, max((c for c in sequence.checkpoints if c <= common), default=0))
+    return Reuse(token, block_reusable(token, block_size), hybrid, matched)
+
+
+def checkpoints_after(prompt_len: int, sequence_len: int, policy: str) -> tuple[int, ...]:
+    """Where a hybrid model keeps its state after one request, under a checkpoint policy."""
+    if policy == "prompt-and-generation-end":
+        return (prompt_len, sequence_len)
+    if policy == "generation-end":
+        return (sequence_len,)
+    if policy == "none":
+        return ()
+    raise ExplorerError(f"unknown checkpoint policy {policy!r}; known: {', '.join(CHECKPOINT_POLICIES)}")
+
+
+@dataclass(frozen=True)
+class Counts:
+    prompt_tokens: int
+    reusable_tokens: int
+    prefill_tokens: int
+    decode_tokens: int | None  # None for a request whose reply is not scripted
+
+    def to_json(self) -> dict[str, int | None]:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -68,12 +193,18 @@ class RequestRow:
     index: int  # 1-based request number
     trigger: str  # "user", "tool", "next user"
     prompt_tokens: int
-    reusable_tokens: int  # token-level common prefix with the previous request's whole sequence
+    reusable_tokens: int  # token-level common prefix with the cached sequences of the earlier requests
     prefill_tokens: int
     decode_tokens: int | None  # None for the last request, whose reply is not scripted
     block_reusable_tokens: int
     hybrid_reusable_tokens: int
     sequence_tokens: int  # prompt + generation
+    previous_sequence_tokens: int = 0  # the whole sequence of request index-1 (0 for the first request)
+    matched_request: int = 0  # the request whose sequence the reuse comes from (0: none)
+    prompt_render: Rendered | None = field(default=None, repr=False, compare=False)
+    prompt_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
+    sequence_render: Rendered | None = field(default=None, repr=False, compare=False)
+    sequence_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
 
     @property
     def block_prefill_tokens(self) -> int:
@@ -82,6 +213,46 @@ class RequestRow:
     @property
     def hybrid_prefill_tokens(self) -> int:
         return self.prompt_tokens - self.hybrid_reusable_tokens
+
+    @property
+    def breaks(self) -> bool:
+        """The reuse is short of the whole previous sequence: something before its end was rewritten."""
+        return self.index > 1 and self.reusable_tokens < self.previous_sequence_tokens
+
+    def counts(self, accounting: str = "token") -> Counts:
+        reusable = {"token": self.reusable_tokens, "block": self.block_reusable_tokens,
+                    "hybrid": self.hybrid_reusable_tokens}.get(accounting)
+        if reusable is None:
+            raise ExplorerError(f"unknown accounting {accounting!r}; known: {', '.join(ACCOUNTINGS)}")
+        return Counts(self.prompt_tokens, reusable, self.prompt_tokens - reusable, self.decode_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "trigger": self.trigger, "prompt_tokens": self.prompt_tokens,
+            "reusable_tokens": self.reusable_tokens, "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens, "block_reusable_tokens": self.block_reusable_tokens,
+            "hybrid_reusable_tokens": self.hybrid_reusable_tokens, "sequence_tokens": self.sequence_tokens,
+            "block_prefill_tokens": self.block_prefill_tokens, "hybrid_prefill_tokens": self.hybrid_prefill_tokens,
+            "previous_sequence_tokens": self.previous_sequence_tokens, "matched_request": self.matched_request,
+            "breaks": self.breaks,
+        }
+
+
+@dataclass(frozen=True)
+class StepRewrite:
+    """From request `from_request` on, the client sends `steps[step]` with `content` (e.g. a tool result summarised)."""
+
+    from_request: int
+    step: int
+    content: str
+
+
+@dataclass(frozen=True)
+class ToolsChange:
+    """From request `from_request` on, the client sends this tool list (a tool added, the list reordered)."""
+
+    from_request: int
+    tools: tuple[dict, ...]
 
 
 @dataclass(frozen=True)
@@ -92,6 +263,8 @@ class SessionReport:
     block_size: int
     checkpoint_policy: str
     rows: tuple[RequestRow, ...]
+    history: str = "template"
+    rewrites: tuple[StepRewrite | ToolsChange, ...] = ()
 
     @property
     def total_prompt_tokens(self) -> int:
@@ -113,38 +286,98 @@ class SessionReport:
     def total_decode_tokens(self) -> int:
         return sum(r.decode_tokens or 0 for r in self.rows)
 
+    def totals(self, accounting: str = "token") -> Counts:
+        counts = [r.counts(accounting) for r in self.rows]
+        return Counts(sum(c.prompt_tokens for c in counts), sum(c.reusable_tokens for c in counts),
+                      sum(c.prefill_tokens for c in counts), self.total_decode_tokens)
 
-CHECKPOINT_POLICIES = ("prompt-and-generation-end", "generation-end", "none")
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "script": self.script, "kwargs": self.kwargs, "block_size": self.block_size,
+            "checkpoint_policy": self.checkpoint_policy, "history": self.history,
+            "requests": [r.to_json() for r in self.rows],
+            "totals": {"prompt_tokens": self.total_prompt_tokens, "prefill_tokens": self.total_prefill_tokens,
+                       "block_prefill_tokens": self.total_block_prefill_tokens,
+                       "hybrid_prefill_tokens": self.total_hybrid_prefill_tokens,
+                       "decode_tokens": self.total_decode_tokens},
+            "accounting": {a: self.totals(a).to_json() for a in ACCOUNTINGS},
+        }
 
 
-def block_reusable(common: int, block_size: int) -> int:
-    """Tokens a block-granular cache reuses: only whole blocks inside the common prefix."""
-    return (common // block_size) * block_size
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering a session
 
 
-def _checkpoints_after(prompt_len: int, sequence_len: int, policy: str) -> list[int]:
-    if policy == "prompt-and-generation-end":
-        return [prompt_len, sequence_len]
-    if policy == "generation-end":
-        return [sequence_len]
-    if policy == "none":
-        return []
-    raise ExplorerError(f"unknown checkpoint policy {policy!r}; known: {', '.join(CHECKPOINT_POLICIES)}")
+RenderFn = Callable[[list[dict], list[dict] | None, bool], tuple[Rendered, Tokens]]
 
 
-def _encoder(model: LoadedModel, script: SessionScript, kwargs: dict[str, Any] | None):
+def _session_renderer(model: LoadedModel, script: SessionScript,
+                      kwargs: dict[str, Any] | None) -> tuple[dict[str, Any], RenderFn]:
     """The template kwargs this script runs with, and a function rendering + tokenizing messages with them."""
     if model.tokenizer is None:
         raise ExplorerError(model.tokenizer_unavailable or f"model {model.id} has no tokenizer")
     tokenizer = model.tokenizer
     template_kwargs = {**model.spec.default_kwargs(), **script.kwargs, **(kwargs or {})}
 
-    def encode(messages: list[dict], generation_prompt: bool) -> list[int]:
-        rendered = model.renderer.render(messages, script.tools, add_generation_prompt=generation_prompt,
+    def render(messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> tuple[Rendered, Tokens]:
+        rendered = model.renderer.render(messages, tools, add_generation_prompt=generation_prompt,
                                          kwargs=template_kwargs)
-        return list(tokenizer.encode(rendered.text).ids)
+        return rendered, tokenizer.encode(rendered.text)
 
-    return template_kwargs, encode
+    return template_kwargs, render
+
+
+def _concat(head: Rendered | None, tail: Rendered, origin: str) -> Rendered:
+    if head is None:
+        return Rendered(tail.text, tail.message_index, tail.source_line, tail.source_path, origin)
+    return Rendered(head.text + tail.text, head.message_index + tail.message_index,
+                    head.source_line + tail.source_line, tail.source_path, origin)
+
+
+def _from_message(rendered: Rendered, first: int, model: LoadedModel) -> Rendered:
+    """The part of a rendering from the first character that message `first` (or a later one) produced."""
+    start = next((i for i, m in enumerate(rendered.message_index) if m >= first), None)
+    if start is None:
+        raise ExplorerError(f"model {model.id}: {rendered.source_path} gives no per-message provenance for "
+                            f"message {first}, so the history cannot be kept append-only")
+    return Rendered(rendered.text[start:], rendered.message_index[start:], rendered.source_line[start:],
+                    rendered.source_path, rendered.origin)
+
+
+def _generation_prompt(with_prompt: Rendered, without: Rendered, model: LoadedModel) -> Rendered:
+    if not with_prompt.text.startswith(without.text):
+        raise ExplorerError(f"model {model.id}: {with_prompt.source_path} renders the history differently with a "
+                            "generation prompt, so the history cannot be kept append-only")
+    n = len(without.text)
+    return Rendered(with_prompt.text[n:], with_prompt.message_index[n:], with_prompt.source_line[n:],
+                    with_prompt.source_path, with_prompt.origin)
+
+
+def _check_rewrites(script: SessionScript, rewrites: Sequence[StepRewrite | ToolsChange]) -> None:
+    requests = len(script.request_steps)
+    for rewrite in rewrites:
+        if not 1 <= rewrite.from_request <= requests:
+            raise ExplorerError(f"session script {script.id}: a rewrite from request {rewrite.from_request}, but the "
+                                f"script makes requests 1..{requests}")
+        if isinstance(rewrite, StepRewrite) and not 0 <= rewrite.step < len(script.steps):
+            raise ExplorerError(f"session script {script.id}: a rewrite of step {rewrite.step}, but the script has "
+                                f"steps 0..{len(script.steps) - 1}")
+
+
+def _request_input(script: SessionScript, request: int, last_step: int,
+                   rewrites: Sequence[StepRewrite | ToolsChange]) -> tuple[list[dict], list[dict] | None]:
+    """The messages (system first, through `last_step`) and tools the client sends for request `request`."""
+    steps = list(script.steps[:last_step + 1])
+    tools = script.tools
+    for rewrite in rewrites:
+        if rewrite.from_request > request:
+            continue
+        if isinstance(rewrite, StepRewrite) and rewrite.step <= last_step:
+            steps[rewrite.step] = {**steps[rewrite.step], "content": rewrite.content}
+        elif isinstance(rewrite, ToolsChange):
+            tools = list(rewrite.tools)
+    system = [{"role": "system", "content": script.system}] if script.system else []
+    return system + steps, tools
 
 
 def simulate_session(
@@ -154,63 +387,528 @@ def simulate_session(
     kwargs: dict[str, Any] | None = None,
     block_size: int = 16,
     checkpoint_policy: str = "prompt-and-generation-end",
+    history: str = "template",
+    rewrites: Sequence[StepRewrite | ToolsChange] = (),
 ) -> SessionReport:
     if block_size < 1:
         raise ExplorerError(f"block size must be at least 1, got {block_size}")
-    template_kwargs, encode = _encoder(model, script, kwargs)
+    checkpoints_after(0, 0, checkpoint_policy)  # an unknown policy fails before any rendering
+    if history not in HISTORY_MODES:
+        raise ExplorerError(f"unknown history mode {history!r}; known: {', '.join(HISTORY_MODES)}")
+    if history == "append" and rewrites:
+        raise ExplorerError("history 'append' keeps every earlier request's text, so it cannot take rewrites")
+    _check_rewrites(script, rewrites)
+    template_kwargs, render = _session_renderer(model, script, kwargs)
 
-    history: list[dict] = [{"role": "system", "content": script.system}] if script.system else []
-    previous: list[int] = []
-    checkpoints: list[int] = []
+    cached: list[CachedSequence] = []
     rows: list[RequestRow] = []
-    seen_assistant = False
-    for i, message in enumerate(script.steps):
-        history.append(message)
-        if message["role"] == "assistant":
-            seen_assistant = True
-            continue
-        prompt = encode(history, True)
-        common = common_prefix(prompt, previous)
-        hybrid = max((c for c in checkpoints if c <= common), default=0)
-        reply = next((m for m in script.steps[i + 1:] if m["role"] == "assistant"), None)
-        sequence = encode(history + [reply], False) if reply else prompt
-        trigger = "tool" if message["role"] == "tool" else ("next user" if seen_assistant else "user")
+    kept: Rendered | None = None  # append mode: the previous request's whole sequence as first rendered
+    kept_messages = 0
+    for n, step in enumerate(script.request_steps, start=1):
+        seen_assistant = any(m["role"] == "assistant" for m in script.steps[:step])
+        messages, tools = _request_input(script, n, step, rewrites)
+        reply = next((m for m in script.steps[step + 1:] if m["role"] == "assistant"), None)
+        if history == "template":
+            prompt, prompt_tokenized = render(messages, tools, True)
+            if reply:
+                sequence, sequence_tokenized = render(messages + [reply], tools, False)
+            else:
+                sequence, sequence_tokenized = prompt, prompt_tokenized
+        else:
+            origin = f"append-only history over {model.renderer.origin}"
+            without, _ = render(messages, tools, False)
+            base = _concat(kept, _from_message(without, kept_messages, model) if kept else without, origin)
+            prompt = _concat(base, _generation_prompt(render(messages, tools, True)[0], without, model), origin)
+            prompt_tokenized = model.tokenizer.encode(prompt.text)
+            sequence, sequence_tokenized = prompt, prompt_tokenized
+            if reply:
+                with_reply, _ = render(messages + [reply], tools, False)
+                sequence = _concat(base, _from_message(with_reply, len(messages), model), origin)
+                sequence_tokenized = model.tokenizer.encode(sequence.text)
+            kept, kept_messages = sequence, len(messages) + (1 if reply else 0)
+        reuse = reuse_of(prompt_tokenized.ids, cached, block_size)
+        trigger = "tool" if script.steps[step]["role"] == "tool" else ("next user" if seen_assistant else "user")
         rows.append(RequestRow(
-            index=len(rows) + 1,
+            index=n,
             trigger=trigger,
-            prompt_tokens=len(prompt),
-            reusable_tokens=common,
-            prefill_tokens=len(prompt) - common,
-            decode_tokens=len(sequence) - len(prompt) if reply else None,
-            block_reusable_tokens=block_reusable(common, block_size),
-            hybrid_reusable_tokens=hybrid,
-            sequence_tokens=len(sequence),
+            prompt_tokens=len(prompt_tokenized.ids),
+            reusable_tokens=reuse.token,
+            prefill_tokens=len(prompt_tokenized.ids) - reuse.token,
+            decode_tokens=len(sequence_tokenized.ids) - len(prompt_tokenized.ids) if reply else None,
+            block_reusable_tokens=reuse.block,
+            hybrid_reusable_tokens=reuse.hybrid,
+            sequence_tokens=len(sequence_tokenized.ids),
+            previous_sequence_tokens=len(cached[-1].ids) if cached else 0,
+            matched_request=reuse.matched + 1,
+            prompt_render=prompt,
+            prompt_tokenized=prompt_tokenized,
+            sequence_render=sequence,
+            sequence_tokenized=sequence_tokenized,
         ))
-        checkpoints += _checkpoints_after(len(prompt), len(sequence), checkpoint_policy)
-        previous = sequence
-    return SessionReport(model.id, script.id, template_kwargs, block_size, checkpoint_policy, tuple(rows))
+        cached.append(CachedSequence(
+            sequence_tokenized.ids,
+            checkpoints_after(len(prompt_tokenized.ids), len(sequence_tokenized.ids), checkpoint_policy),
+        ))
+    return SessionReport(model.id, script.id, template_kwargs, block_size, checkpoint_policy, tuple(rows),
+                         history, tuple(rewrites))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The break view: where a request's reuse stops short of the previous sequence
+
+
+@dataclass(frozen=True)
+class BreakView:
+    request: int  # the request whose prompt breaks
+    compared_request: int  # the request whose whole sequence it is compared with
+    previous: Rendered  # that sequence, with per-character message index and template line
+    previous_tokens: Tokens
+    next: Rendered  # the request's prompt
+    next_tokens: Tokens
+    token_position: int  # first differing token (the reusable tokens)
+    char_position: int  # first differing character of the two texts (== len(previous text) if only ids differ)
+    token_char_start: int  # where the first differing token of the next prompt starts in its text
+    previous_token_char_start: int  # where the token at that position starts in the previous text
+    previous_location: Location | None  # the template line that emitted previous.text[char_position]
+    next_location: Location | None  # the template line that emitted next.text[char_position]
+    previous_message_index: int  # message of that character (-1: template scaffolding, or past the end)
+    next_message_index: int
+
+    @property
+    def previous_text(self) -> str:
+        return self.previous.text
+
+    @property
+    def previous_ids(self) -> tuple[int, ...]:
+        return self.previous_tokens.ids
+
+    @property
+    def next_text(self) -> str:
+        return self.next.text
+
+    @property
+    def next_ids(self) -> tuple[int, ...]:
+        return self.next_tokens.ids
+
+    @property
+    def token_only(self) -> bool:
+        """The texts agree through the previous sequence; only re-tokenization differs."""
+        return self.char_position >= len(self.previous.text)
+
+    def to_json(self) -> dict[str, Any]:
+        def loc(location: Location | None) -> dict | None:
+            return None if location is None else {"origin": location.origin, "path": location.path,
+                                                  "line": location.line, "text": location.text}
+
+        at = self.char_position
+        return {
+            "request": self.request, "compared_request": self.compared_request,
+            "token_position": self.token_position, "char_position": at, "token_char_start": self.token_char_start,
+            "previous_token_char_start": self.previous_token_char_start, "token_only": self.token_only,
+            "previous_snippet": self.previous.text[at:at + 40], "next_snippet": self.next.text[at:at + 40],
+            "previous_location": loc(self.previous_location), "next_location": loc(self.next_location),
+            "previous_message_index": self.previous_message_index, "next_message_index": self.next_message_index,
+        }
+
+
+def _location_at(rendered: Rendered, at: int, lines: list[str]) -> tuple[Location | None, int]:
+    if not 0 <= at < len(rendered.text):
+        return None, -1
+    line = rendered.source_line[at]
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return Location(rendered.origin, rendered.source_path, line, text=text), rendered.message_index[at]
+
+
+def break_view(model: LoadedModel, report: SessionReport, index: int) -> BreakView | None:
+    """The break view of request `index` (1-based), or None when it reuses the whole previous sequence."""
+    if not 1 <= index <= len(report.rows):
+        raise ExplorerError(f"session {report.script} has requests 1..{len(report.rows)}, not {index}")
+    row = report.rows[index - 1]
+    if not row.breaks:
+        return None
+    # Compare with the sequence the reuse comes from: the previous one unless an earlier one matched further.
+    compared = report.rows[(row.matched_request or index - 1) - 1]
+    previous, previous_tokens = compared.sequence_render, compared.sequence_tokenized
+    nxt, next_tokens = row.prompt_render, row.prompt_tokenized
+    if previous is None or previous_tokens is None or nxt is None or next_tokens is None:
+        raise ExplorerError(f"session {report.script}: request {index} carries no rendered text to compare")
+    token_at = common_prefix(previous_tokens.ids, next_tokens.ids)
+    char_at = common_prefix(previous.text, nxt.text)
+    token_char = next_tokens.offsets[token_at][0] if token_at < len(next_tokens.offsets) else len(nxt.text)
+    previous_char = (previous_tokens.offsets[token_at][0] if token_at < len(previous_tokens.offsets)
+                     else len(previous.text))
+    if char_at >= len(previous.text):
+        # Same text, different ids: the break is where the differing token starts.
+        char_at = token_char
+    lines = model.renderer.source_lines()
+    previous_location, previous_message = _location_at(previous, char_at, lines)
+    next_location, next_message = _location_at(nxt, char_at, lines)
+    return BreakView(index, compared.index, previous, previous_tokens, nxt, next_tokens, token_at, char_at,
+                     token_char, previous_char, previous_location, next_location, previous_message, next_message)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two unrelated sessions
 
 
 def first_request_prompt(model: LoadedModel, script: SessionScript, system: str, question: str,
                          kwargs: dict[str, Any] | None = None) -> list[int]:
-    _, encode = _encoder(model, script, kwargs)
-    return encode([{"role": "system", "content": system}, {"role": "user", "content": question}], True)
+    _, render = _session_renderer(model, script, kwargs)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return list(render(messages, script.tools, True)[1].ids)
+
+
+def _require_questions(script: SessionScript) -> None:
+    if len(script.unrelated_questions) < 2:
+        raise ExplorerError(f"session script {script.id} needs two unrelated_questions for the cross-session "
+                            f"figures, it has {len(script.unrelated_questions)}")
 
 
 def shared_across_sessions(model: LoadedModel, script: SessionScript, kwargs: dict[str, Any] | None = None) -> int:
     """Tokens two unrelated sessions' first requests share (tools + system prompt)."""
+    _require_questions(script)
     a, b = (first_request_prompt(model, script, script.system, q, kwargs) for q in script.unrelated_questions[:2])
     return common_prefix(a, b)
+
+
+def _timestamped_prompts(model: LoadedModel, script: SessionScript, where: str,
+                         kwargs: dict[str, Any] | None) -> list[list[int]]:
+    if where not in ("start", "end"):
+        raise ExplorerError(f"timestamp position must be start or end, got {where!r}")
+    _require_questions(script)
+    if not script.timestamp_template or len(script.timestamp_seconds) < 2:
+        raise ExplorerError(f"session script {script.id} needs a timestamp template and two seconds for the "
+                            "timestamp figures")
+    prompts = []
+    for second, question in zip(script.timestamp_seconds, script.unrelated_questions):
+        try:
+            stamp = script.timestamp_template.format(second=second)
+        except (KeyError, IndexError, ValueError) as err:
+            raise ExplorerError(f"session script {script.id}: timestamp template {script.timestamp_template!r} "
+                                f"must use only {{second}}: {err!r}") from err
+        system = stamp + script.system if where == "start" else script.system + stamp
+        prompts.append(first_request_prompt(model, script, system, question, kwargs))
+    return prompts
 
 
 def shared_with_timestamp(model: LoadedModel, script: SessionScript, where: str,
                           kwargs: dict[str, Any] | None = None) -> int:
     """Tokens two unrelated sessions share when the system prompt carries the current time at its `start`/`end`."""
-    if where not in ("start", "end"):
-        raise ExplorerError(f"timestamp position must be start or end, got {where!r}")
-    prompts = []
-    for second, question in zip(script.timestamp_seconds, script.unrelated_questions):
-        stamp = script.timestamp_template.format(second=second)
-        system = stamp + script.system if where == "start" else script.system + stamp
-        prompts.append(first_request_prompt(model, script, system, question, kwargs))
-    return common_prefix(prompts[0], prompts[1])
+    a, b = _timestamped_prompts(model, script, where, kwargs)
+    return common_prefix(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What-if experiments
+
+
+@dataclass(frozen=True)
+class WhatIfRequest:
+    index: int
+    prompt_before: int
+    prompt_after: int
+    reusable_before: int
+    reusable_after: int
+    block_reusable_before: int
+    block_reusable_after: int
+    hybrid_reusable_before: int
+    hybrid_reusable_after: int
+
+    @property
+    def prefill_before(self) -> int:
+        return self.prompt_before - self.reusable_before
+
+    @property
+    def prefill_after(self) -> int:
+        return self.prompt_after - self.reusable_after
+
+    def to_json(self) -> dict[str, int]:
+        return {**self.__dict__, "prefill_before": self.prefill_before, "prefill_after": self.prefill_after}
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    name: str
+    title: str  # the switch, as a page labels it
+    description: str  # one line: what was switched and what it did, with the figures
+    before_label: str
+    after_label: str
+    requests: tuple[WhatIfRequest, ...]  # for a cross-session experiment: the second session's first request
+    block_size: int
+    before: SessionReport | None = None  # the whole sessions, when the experiment is one session run twice
+    after: SessionReport | None = None
+
+    @property
+    def reusable_before(self) -> int:
+        return sum(r.reusable_before for r in self.requests)
+
+    @property
+    def reusable_after(self) -> int:
+        return sum(r.reusable_after for r in self.requests)
+
+    @property
+    def prefill_before(self) -> int:
+        return sum(r.prefill_before for r in self.requests)
+
+    @property
+    def prefill_after(self) -> int:
+        return sum(r.prefill_after for r in self.requests)
+
+    @property
+    def changed(self) -> tuple[WhatIfRequest, ...]:
+        """The requests whose prefill the switch changes."""
+        return tuple(r for r in self.requests if r.prefill_before != r.prefill_after)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "title": self.title, "description": self.description,
+            "before_label": self.before_label, "after_label": self.after_label, "block_size": self.block_size,
+            "requests": [r.to_json() for r in self.requests],
+            "totals": {"reusable_before": self.reusable_before, "reusable_after": self.reusable_after,
+                       "prefill_before": self.prefill_before, "prefill_after": self.prefill_after,
+                       "block_reusable_before": sum(r.block_reusable_before for r in self.requests),
+                       "block_reusable_after": sum(r.block_reusable_after for r in self.requests),
+                       "hybrid_reusable_before": sum(r.hybrid_reusable_before for r in self.requests),
+                       "hybrid_reusable_after": sum(r.hybrid_reusable_after for r in self.requests)},
+        }
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """The settings every what-if runs the session with (the CLI's --kwargs, --block-size, --checkpoint-policy)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    block_size: int = 16
+    checkpoint_policy: str = "prompt-and-generation-end"
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    name: str
+    title: str
+    summary: str  # what the switch does, before running it
+    run: Callable[[LoadedModel, SessionScript, SessionSettings], WhatIfResult]
+
+
+def _simulate(model: LoadedModel, script: SessionScript, settings: SessionSettings, **more: Any) -> SessionReport:
+    return simulate_session(model, script, kwargs=settings.kwargs, block_size=settings.block_size,
+                            checkpoint_policy=settings.checkpoint_policy, **more)
+
+
+def _compare_sessions(before: SessionReport, after: SessionReport) -> tuple[WhatIfRequest, ...]:
+    return tuple(
+        WhatIfRequest(b.index, b.prompt_tokens, a.prompt_tokens, b.reusable_tokens, a.reusable_tokens,
+                      b.block_reusable_tokens, a.block_reusable_tokens, b.hybrid_reusable_tokens,
+                      a.hybrid_reusable_tokens)
+        for b, a in zip(before.rows, after.rows)
+    )
+
+
+def _changes_text(requests: Sequence[WhatIfRequest]) -> str:
+    changed = [r for r in requests if r.prefill_before != r.prefill_after]
+    if not changed:
+        return "no request changes"
+    return "; ".join(f"request {r.index} reuses {r.reusable_after} instead of {r.reusable_before}, prefills "
+                     f"{r.prefill_after} instead of {r.prefill_before}" for r in changed)
+
+
+def _session_result(what_if: WhatIf, before: SessionReport, after: SessionReport, before_label: str,
+                    after_label: str) -> WhatIfResult:
+    requests = _compare_sessions(before, after)
+    description = (f"{what_if.title} ({after_label}): {_changes_text(requests)}; total prefill "
+                   f"{before.total_prefill_tokens} -> {after.total_prefill_tokens}")
+    return WhatIfResult(what_if.name, what_if.title, description, before_label, after_label, requests,
+                        before.block_size, before, after)
+
+
+def _fmt_kwargs(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items())
+
+
+def history_preserving_kwargs(model: LoadedModel, script: SessionScript,
+                              settings: SessionSettings | None = None) -> dict[str, Any] | None:
+    """The template kwarg flip that makes every request reuse the whole previous sequence.
+
+    Computed, not looked up: each boolean template kwarg of the model is flipped in turn. {} when no request breaks
+    with the given kwargs; None when no single flip keeps the history (e.g. Qwen3.5-0.8B's template has no switch).
+    """
+    settings = settings or SessionSettings()
+    if not any(r.breaks for r in _simulate(model, script, settings).rows):
+        return {}
+    effective = {**model.spec.default_kwargs(), **script.kwargs, **settings.kwargs}
+    for kwarg in model.spec.template_kwargs:
+        value = effective.get(kwarg.name)
+        if not isinstance(value, bool):
+            continue
+        flipped = {**settings.kwargs, kwarg.name: not value}
+        trial = SessionSettings(flipped, settings.block_size, settings.checkpoint_policy)
+        if not any(r.breaks for r in _simulate(model, script, trial).rows):
+            return {kwarg.name: not value}
+    return None
+
+
+def _history_kept(model: LoadedModel, script: SessionScript, settings: SessionSettings) -> WhatIfResult:
+    what_if = WHAT_IFS["history-kept"]
+    before = _simulate(model, script, settings)
+    preserving = history_preserving_kwargs(model, script, settings)
+    if preserving:
+        after = _simulate(model, script, SessionSettings({**settings.kwargs, **preserving}, settings.block_size,
+                                                          settings.checkpoint_policy))
+        after_label = f"template kwargs {_fmt_kwargs(preserving)}"
+    else:
+        after = _simulate(model, script, settings, history="append")
+        # Each prompt is then the previous request's whole sequence plus the new messages and generation prompt.
+        after_label = ("append-only: no template kwarg keeps the history" if preserving is None else
+                       "append-only: the template already keeps the history")
+    before_label = f"template kwargs {_fmt_kwargs(before.kwargs)}" if before.kwargs else "the template's defaults"
+    return _session_result(what_if, before, after, before_label, after_label)
+
+
+def _request_of_step(script: SessionScript, step: int) -> int:
+    """The request a step is first sent in (the request its own message, or the next user/tool message, starts)."""
+    return next((n for n, s in enumerate(script.request_steps, start=1) if s >= step),
+                len(script.request_steps) + 1)
+
+
+def _setting(script: SessionScript, key: str, default: Any) -> Any:
+    value = script.what_if.get(key, default)
+    return default if value is None else value
+
+
+def _int_setting(script: SessionScript, name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ExplorerError(f"session script {script.id}: what_if {name} must be an integer, got {value!r}")
+    return value
+
+
+def _summarised(model: LoadedModel, script: SessionScript, settings: SessionSettings) -> WhatIfResult:
+    what_if = WHAT_IFS["tool-result-summarised"]
+    config = _setting(script, "summary", {})
+    if not isinstance(config, dict):
+        raise ExplorerError(f"session script {script.id}: what_if summary must be an object, got {config!r:.60}")
+    tool_steps = [i for i, m in enumerate(script.steps) if m["role"] == "tool"]
+    requests = len(script.request_steps)
+    # Default: the first tool result that is still followed by two requests, summarised from the second of them.
+    default_step = next((i for i in tool_steps if _request_of_step(script, i) + 1 <= requests), None)
+    step = config.get("step", default_step)
+    if step is not None:
+        step = _int_setting(script, "summary.step", step)
+    if step is None or not 0 <= step < len(script.steps) or script.steps[step]["role"] != "tool":
+        raise ExplorerError(f"session script {script.id}: no tool result to summarise (what_if summary.step "
+                            f"{config.get('step')!r} is not a tool message followed by two requests)")
+    from_request = _int_setting(script, "summary.from_request",
+                                config.get("from_request", _request_of_step(script, step) + 1))
+    if from_request <= _request_of_step(script, step) or from_request > requests:
+        raise ExplorerError(f"session script {script.id}: the summary of step {step} must start at a request after "
+                            f"{_request_of_step(script, step)} and at most {requests}, got {from_request}")
+    original = str(script.steps[step].get("content", ""))
+    content = config.get("content") or (original.strip().splitlines() or [""])[0][:80]
+    before = _simulate(model, script, settings)
+    after = _simulate(model, script, settings, rewrites=(StepRewrite(from_request, step, content),))
+    after_label = f"from request {from_request}, step {step}'s tool result ({len(original)} chars) sent as " \
+                  f"{content!r}"
+    return _session_result(what_if, before, after, "every tool result sent in full", after_label)
+
+
+def _tools_changed(model: LoadedModel, script: SessionScript, settings: SessionSettings, name: str) -> WhatIfResult:
+    what_if = WHAT_IFS[name]
+    tools = list(script.tools or [])
+    from_request = _int_setting(script, "tools_change_request", _setting(script, "tools_change_request", 2))
+    requests = len(script.request_steps)
+    if not 1 <= from_request <= requests:
+        raise ExplorerError(f"session script {script.id}: what_if tools_change_request must be in 1..{requests}, "
+                            f"got {from_request}")
+    if name == "tool-added":
+        added = _setting(script, "added_tool", DEFAULT_ADDED_TOOL)
+        if not isinstance(added, dict) or not isinstance(added.get("function"), dict):
+            raise ExplorerError(f"session script {script.id}: what_if added_tool must be an OpenAI tool "
+                                f"{{type, function}}, got {added!r:.60}")
+        changed = tools + [added]
+        after_label = f"from request {from_request}, tool {added['function'].get('name')!r} appended to the list"
+    else:
+        if len(tools) < 2:
+            raise ExplorerError(f"session script {script.id} has {len(tools)} tool(s): nothing to reorder")
+        changed = tools[::-1]
+        names = [t.get("function", {}).get("name", "?") for t in changed]
+        after_label = f"from request {from_request}, tools sent in reverse order ({', '.join(names)})"
+    before = _simulate(model, script, settings)
+    after = _simulate(model, script, settings, rewrites=(ToolsChange(from_request, tuple(changed)),))
+    return _session_result(what_if, before, after, "the script's tool list, unchanged", after_label)
+
+
+def _second_session_reuse(settings: SessionSettings, first: list[int], second: list[int]) -> Reuse:
+    """What the second session's first request reuses from a cache holding the first session's first request."""
+    cached = CachedSequence(tuple(first), checkpoints_after(len(first), len(first), settings.checkpoint_policy))
+    return reuse_of(second, [cached], settings.block_size)
+
+
+def _unrelated(model: LoadedModel, script: SessionScript, settings: SessionSettings) -> WhatIfResult:
+    what_if = WHAT_IFS["unrelated-sessions"]
+    _require_questions(script)
+    a, b = (first_request_prompt(model, script, script.system, q, settings.kwargs)
+            for q in script.unrelated_questions[:2])
+    shared = _second_session_reuse(settings, a, b)
+    # Before: nothing to share, as with a cold cache or another tenant's cache salt (vLLM cache_salt).
+    request = WhatIfRequest(1, len(b), len(b), 0, shared.token, 0, shared.block, 0, shared.hybrid)
+    description = (f"{what_if.title}: the second session's first request ({len(b)} tokens) reuses {shared.token} "
+                   f"tokens of the first's, the tools and system prompt ({shared.block} in whole "
+                   f"{settings.block_size}-token blocks); 0 with a separate cache or another tenant's cache salt")
+    return WhatIfResult(what_if.name, what_if.title, description, "a separate cache (or another cache salt)",
+                        "one shared prefix cache", (request,), settings.block_size)
+
+
+def _timestamp(model: LoadedModel, script: SessionScript, settings: SessionSettings) -> WhatIfResult:
+    what_if = WHAT_IFS["timestamp-position"]
+    # Two sessions started seconds apart, the time written at the start vs the end of the system prompt.
+    start_a, start_b = _timestamped_prompts(model, script, "start", settings.kwargs)
+    end_a, end_b = _timestamped_prompts(model, script, "end", settings.kwargs)
+    start = _second_session_reuse(settings, start_a, start_b)
+    end = _second_session_reuse(settings, end_a, end_b)
+    request = WhatIfRequest(1, len(start_b), len(end_b), start.token, end.token, start.block, end.block,
+                            start.hybrid, end.hybrid)
+    plain = shared_across_sessions(model, script, settings.kwargs)
+    description = (f"{what_if.title}: two sessions started seconds apart share {start.token} tokens with the time "
+                   f"at the start of the system prompt, {end.token} with it at the end ({plain} without a "
+                   f"timestamp; {start.block} vs {end.block} in whole {settings.block_size}-token blocks)")
+    return WhatIfResult(what_if.name, what_if.title, description, "timestamp at the start of the system prompt",
+                        "timestamp at the end of the system prompt", (request,), settings.block_size)
+
+
+# A tool a client might enable mid-task when a script names none (what_if.added_tool overrides it).
+DEFAULT_ADDED_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {"name": "get_current_time", "description": "Return the current date and time",
+                 "parameters": {"type": "object", "properties": {}}},
+}
+
+WHAT_IFS: dict[str, WhatIf] = {w.name: w for w in (
+    WhatIf("history-kept", "history kept",
+           "the template's default kwargs vs the ones that keep earlier turns' reasoning (computed by flipping each "
+           "boolean kwarg; append-only when no kwarg does)", _history_kept),
+    WhatIf("timestamp-position", "timestamp position",
+           "two unrelated sessions whose system prompt carries the current time at its start vs its end",
+           _timestamp),
+    WhatIf("tool-added", "tool added",
+           "one more tool appended to the tool list from request what_if.tools_change_request (default 2)",
+           lambda m, s, o: _tools_changed(m, s, o, "tool-added")),
+    WhatIf("tools-reordered", "tools reordered",
+           "the tool list sent in reverse order from request what_if.tools_change_request (default 2)",
+           lambda m, s, o: _tools_changed(m, s, o, "tools-reordered")),
+    WhatIf("unrelated-sessions", "two unrelated sessions",
+           "the first request of a second, unrelated session against a cache holding the first session's",
+           _unrelated),
+    WhatIf("tool-result-summarised", "tool result summarised",
+           "an older tool result replaced by a summary from a later request on (what_if.summary)", _summarised),
+)}
+
+
+def what_if_names() -> list[str]:
+    return list(WHAT_IFS)
+
+
+def run_what_if(name: str, model: LoadedModel, script: SessionScript,
+                settings: SessionSettings | None = None) -> WhatIfResult:
+    what_if = WHAT_IFS.get(name)
+    if what_if is None:
+        raise ExplorerError(f"unknown what-if {name!r}; known: {', '.join(WHAT_IFS)}")
+    return what_if.run(model, script, settings or SessionSettings())

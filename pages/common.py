@@ -17,6 +17,7 @@ from engine.errors import ExplorerError
 from engine.evidence import (
     COMPLETION,
     EVIDENCE_CSS,
+    BreakView,
     break_view,
     cause_url,
     cell_evidence,
@@ -52,7 +53,7 @@ def _css() -> None:
 
 
 def show_break(model: LoadedModel, boundary: Boundary, key: str) -> None:
-    """The two token sequences side by side around the first break, and a character diff of the same window."""
+    """A matrix boundary: the figures, then the break view."""
     context = st.slider("Tokens of context on each side", 2, 40, 8, key=f"{key}:context")
     view = break_view(model, boundary, context)
     s = boundary.string_prefix
@@ -62,6 +63,11 @@ def show_break(model: LoadedModel, boundary: Boundary, key: str) -> None:
         where += f", token {view.first_token} ({t.common}/{t.prev_len} kept, {boundary.prefill_tokens} to prefill)"
     st.markdown(f"**Boundary {boundary.index}** (client appended a {boundary.trigger} message): first difference at "
                 f"{where}.")
+    show_view(view)
+
+
+def show_view(view: BreakView) -> None:
+    """The two sequences side by side around the first break, and a character diff of the same window."""
     _css()
     if view.level == "token":
         st.html(side_by_side_html(view))

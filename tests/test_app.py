@@ -100,12 +100,23 @@ def test_kimi_cells_are_string_level_and_say_why(app: AppTest) -> None:
     assert any("String level" in c.value for c in app.caption)
 
 
-def test_session_page_shows_the_handbook_figures(app: AppTest) -> None:
+def test_session_page_shows_the_handbook_figures_the_break_and_the_what_ifs(app: AppTest) -> None:
     app.switch_page("pages/session.py").run()
     assert not app.exception
     assert [m.value for m in app.metric] == ["3001", "1037", "1049", "1541"]
     table = app.dataframe[0].value
     assert list(table["prompt"]) == [506, 773, 898, 824]
+    assert list(table["reused"]) == [0, 580, 880, 504]
+    app.session_state["session:table"] = {"selection": {"rows": [3], "columns": [], "cells": []}}
+    app.run()
+    markdown = [m.value for m in app.markdown]
+    assert "**Request 4** reuses 504 tokens of request 3's 945-token sequence; the texts first differ at char 1767." \
+        in markdown
+    assert any("class='first'" in h.proto.body for h in app.get("html"))
+    # The default experiment is the handbook's exercise: keeping the history, request 4 reuses 945 and prefills 14.
+    assert any("request 4 reuses 945 instead of 504, prefills 14 instead of 320" in m for m in markdown)
+    app.radio(key="session:what_if").set_value("tools-reordered").run()
+    assert any("request 2 reuses 32 instead of 580" in m.value for m in app.markdown)
 
 
 def test_custom_template_upload_becomes_a_column(app: AppTest) -> None:
