@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.errors import ExplorerError
-from engine.models import load_model
-from engine.render.jinja import JinjaRenderer
+from engine.models import load_model, special_token_vars
+from engine.sandbox import SandboxedRenderer
 from engine.scenario import scenario_ids
 from engine.simulate import CellResult, run_cell_with
 
@@ -38,6 +38,8 @@ def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckR
     except (OSError, UnicodeDecodeError) as err:
         raise ExplorerError(f"{template}: cannot read the template as UTF-8 text: {err}") from err
     stock = load_model(model_id)
-    renderer = JinjaRenderer(source, model=f"{model_id} (custom)", source_path=template.name)
+    # A template under test is someone else's code: it renders in the sandbox, with the base model's token variables.
+    renderer = SandboxedRenderer(source, model=f"{model_id} (custom)", source_path=template.name,
+                                 special_tokens=special_token_vars(stock.spec))
     model = replace(stock, renderer=renderer)
     return CheckReport(tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids()))

@@ -97,6 +97,9 @@ def reasoning_then_close(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int,
 def finish(text: str, spans: dict[str, tuple[int, int]], knobs: Knobs, stop_token: str) -> Completion:
     """The completion as the model ends it: cut inside the part the knobs name (no stop token), else stopped."""
     if knobs.truncate_in:
+        if knobs.truncate_in not in spans:
+            raise ValueError(f"knobs truncate_in={knobs.truncate_in!r}, but this turn has no {knobs.truncate_in} "
+                             f"(it has: {', '.join(sorted(spans)) or 'nothing to cut'})")
         start, end = spans[knobs.truncate_in]
         return Completion(truncate(text, start, end, knobs.truncate_keep), None, True)
     return Completion(text + stop_token, stop_token, False)

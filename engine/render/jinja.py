@@ -154,8 +154,8 @@ class JinjaRenderer:
         try:
             for _ in self._template.generate(messages=chat, **variables):
                 pass
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
-                RecursionError) as err:
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError,
+                OverflowError, ZeroDivisionError, MemoryError) as err:
             line = _template_line_of(err)
             where = f" at line {line}" if line else ""
             # A template's own error (raise_exception, undefined) reads as itself; a Python error names its type.
