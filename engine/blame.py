@@ -62,10 +62,12 @@ def _classify_template(boundary: Boundary, at: int) -> str:
 
 
 def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
-                  user_kwargs: dict[str, Any], boundaries: tuple[Boundary, ...]) -> Cause:
+                  user_kwargs: dict[str, Any], boundaries: tuple[Boundary, ...], *, hints: bool = True) -> Cause:
+    """`hints=False` leaves `fix` None: the hint re-runs the cell once per kwarg and engine, which the fuzzer,
+    counting causes over thousands of conversations, does not need."""
     boundary = _first_break(boundaries)
     if boundary.string_prefix.holds:
-        fix = _fix_hint(model, scenario, engine, user_kwargs, boundary.index, "tokenizer")
+        fix = _fix_hint(model, scenario, engine, user_kwargs, boundary.index, "tokenizer") if hints else None
         at = boundary.token_prefix.common if boundary.token_prefix else 0
         prev_ids, next_ids = boundary.prev_ids or (), boundary.next_ids or ()
         return Cause(
@@ -86,7 +88,7 @@ def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: d
             return Cause(
                 stage="parser", kind=edit.step, location=str(loc), origin=loc.origin,
                 detail=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}",
-                fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "parser"),
+                fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "parser") if hints else None,
             )
     at = boundary.string_prefix.common
     rendered = boundary.next_prompt
@@ -103,6 +105,6 @@ def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: d
         stage="template", kind=_classify_template(boundary, at),
         location=f"{rendered.source_path}:{line}", origin=rendered.origin,
         detail=f"at char {at}: previous {prev_snip!r} vs next {next_snip!r}; emitted by: {line_text[:120]}",
-        fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "template"),
+        fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "template") if hints else None,
         line_text=line_text,
     )

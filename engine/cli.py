@@ -84,34 +84,58 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_session(args: argparse.Namespace) -> int:
     from engine.models import load_model
-    from engine.session import load_session, shared_across_sessions, shared_with_timestamp, simulate_session
+    from engine.session import (
+        WHAT_IFS,
+        SessionSettings,
+        break_view,
+        load_session,
+        run_what_if,
+        shared_across_sessions,
+        shared_with_timestamp,
+        simulate_session,
+    )
 
+    if args.what_if == "list":
+        if args.json:
+            _write_json([{"name": w.name, "title": w.title, "summary": w.summary} for w in WHAT_IFS.values()],
+                        args.json)
+            return 0
+        for w in WHAT_IFS.values():
+            print(f"{w.name:<24} {w.summary}")
+        return 0
+    if not args.model or not args.script:
+        raise ExplorerError("session needs --model and --script (only --what-if list runs without them)")
     model = load_model(args.model)
     script = load_session(args.script)
     kwargs = parse_kwargs(args.kwargs)
+    settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy)
+    if args.what_if:
+        if args.engine:
+            raise ExplorerError(f"--what-if {args.what_if} compares template-only sessions; run it without --engine")
+        return _print_what_if(run_what_if(args.what_if, model, script, settings), args.json)
     report = simulate_session(model, script, kwargs=kwargs, block_size=args.block_size,
-                              checkpoint_policy=args.checkpoint_policy)
+                              checkpoint_policy=args.checkpoint_policy, history=args.history, engine=args.engine)
     extras: dict[str, int] = {}
     if len(script.unrelated_questions) >= 2:
         extras["shared_unrelated_sessions"] = shared_across_sessions(model, script, kwargs)
         if script.timestamp_template:
             extras["shared_timestamp_start"] = shared_with_timestamp(model, script, "start", kwargs)
             extras["shared_timestamp_end"] = shared_with_timestamp(model, script, "end", kwargs)
+    breaks = [view for r in report.rows if (view := break_view(model, report, r.index)) is not None]
+    # The handbook's exercise: what the requests would reuse if the history were kept.
+    kept = run_what_if("history-kept", model, script, settings) if breaks and report.history == "template" \
+        and report.engine is None else None
     if args.json:
-        _write_json({
-            "model": report.model, "script": report.script, "kwargs": report.kwargs,
-            "block_size": report.block_size, "checkpoint_policy": report.checkpoint_policy,
-            "requests": [{**r.__dict__, "block_prefill_tokens": r.block_prefill_tokens,
-                          "hybrid_prefill_tokens": r.hybrid_prefill_tokens} for r in report.rows],
-            "totals": {"prompt_tokens": report.total_prompt_tokens, "prefill_tokens": report.total_prefill_tokens,
-                       "block_prefill_tokens": report.total_block_prefill_tokens,
-                       "hybrid_prefill_tokens": report.total_hybrid_prefill_tokens,
-                       "decode_tokens": report.total_decode_tokens},
-            **extras,
-        }, args.json)
+        _write_json({**report.to_json(), **extras, "breaks": [b.to_json() for b in breaks],
+                     "history_kept": kept.to_json() if kept else None}, args.json)
         return 0
     print(f"# {report.model} · {report.script} · kwargs {report.kwargs} · block {report.block_size} · "
-          f"hybrid checkpoints: {report.checkpoint_policy}")
+          f"hybrid checkpoints: {report.checkpoint_policy}" + (" · history append-only" if report.history ==
+                                                               "append" else ""))
+    if report.engine:
+        # Under an engine the cache holds prompt + the written completion, so decode and reuse count other tokens.
+        print(f"# engine {report.engine} {report.engine_version}".rstrip() + ": each reply written as model output "
+              "and parsed; sequence = prompt + completion tokens, decode = completion tokens (stop token included)")
     print(f"{'req':>3} {'trigger':<10} {'prompt':>7} {'reused':>7} {'prefill':>8} {'decode':>7} "
           f"{'blk reuse':>9} {'hyb prefill':>11}")
     for r in report.rows:
@@ -123,6 +147,45 @@ def cmd_session(args: argparse.Namespace) -> int:
           f"{report.total_hybrid_prefill_tokens}); decode {report.total_decode_tokens}")
     for key, value in extras.items():
         print(f"{key.replace('_', ' ')}: {value}")
+    for r in report.rows:
+        for edit in r.parse_edits:
+            print(f"request {r.index} reply: {edit.location.origin} {edit.step} at {edit.location}: "
+                  f"{edit.before[:40]!r} -> {edit.after[:40]!r}")
+    for view in breaks:
+        row = report.rows[view.request - 1]
+        print(f"request {view.request} breaks at token {view.token_position} of request {view.compared_request}'s "
+              f"{row.previous_sequence_tokens}-token sequence (char {view.char_position}):")
+        # Snippets start at the differing token; the template line is the one that emitted the differing character.
+        for side, text, start, where in (
+            ("previous", view.previous_text, view.previous_token_char_start, view.previous_location),
+            ("next", view.next_text, view.token_char_start, view.next_location),
+        ):
+            origin = f"{where.path}:{where.line} {where.text[:90]}" if where else "(end of text)"
+            if where and where.line == 0 and report.engine:
+                origin = "the model's written output (no template line)"
+            print(f"  {side:<8} {text[start:start + 16]!r:<24} {origin}")
+    if kept:
+        for r in kept.changed:
+            print(f"history kept ({kept.after_label}): request {r.index} prompt {r.prompt_after}, reuses "
+                  f"{r.reusable_after}, prefills {r.prefill_after} (as rendered: {r.prompt_before}, "
+                  f"{r.reusable_before}, {r.prefill_before})")
+    return 0
+
+
+def _print_what_if(result, target: str | None) -> int:
+    if target:
+        _write_json(result.to_json(), target)
+        return 0
+    print(f"# what-if {result.name}: {result.before_label} -> {result.after_label}")
+    print(f"{'req':>3} {'prompt':>13} {'reused':>13} {'prefill':>13} {'blk reuse':>13} {'hyb reuse':>13}")
+    for r in result.requests:
+        cells = [(r.prompt_before, r.prompt_after), (r.reusable_before, r.reusable_after),
+                 (r.prefill_before, r.prefill_after), (r.block_reusable_before, r.block_reusable_after),
+                 (r.hybrid_reusable_before, r.hybrid_reusable_after)]
+        print(f"{r.index:>3} " + " ".join(f"{f'{b} -> {a}':>13}" for b, a in cells))
+    print(f"total reused {result.reusable_before} -> {result.reusable_after}, prefill {result.prefill_before} -> "
+          f"{result.prefill_after}")
+    print(result.description)
     return 0
 
 
@@ -241,6 +304,42 @@ def cmd_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import report_text, run_bench
+    from engine.matrix import MatrixRequest, default_request
+
+    if args.repeat < 1:
+        raise ExplorerError(f"bench: --repeat must be at least 1, got {args.repeat}")
+    default = default_request()
+    request = MatrixRequest(models=tuple(_split(args.models) or default.models),
+                            scenarios=tuple(_split(args.scenarios) or default.scenarios),
+                            engines=tuple(_split(args.engines) or default.engines), kwargs={})
+    report = run_bench(request, repeat=args.repeat, naive=not args.no_naive)
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report_text(report))
+    return 0
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from engine.fuzz import report_text, run_fuzz, stderr_progress
+
+    if args.workers is not None and args.workers < 1:
+        raise ExplorerError(f"fuzz: --workers must be at least 1, got {args.workers}")
+    report = run_fuzz(args.model, args.engine, args.n, args.seed, args.workers,
+                      progress=None if args.quiet else stderr_progress())
+    # Timings depend on the machine, not the seed: stderr, so that the JSON is the same for the same seed.
+    print(f"fuzz: {report.roundtrips} roundtrips in {report.elapsed_s:.2f} s on {report.workers} workers: "
+          f"{report.roundtrips_per_s:.0f} roundtrips/s ({report.roundtrips_per_cpu_s:.0f} per CPU second)",
+          file=sys.stderr)
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report_text(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,11 +355,19 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_render)
 
     session = sub.add_parser("session", help="what a whole agent task costs in prefill, request by request")
-    session.add_argument("--model", required=True)
-    session.add_argument("--script", required=True, help="a session JSON file, or a built-in name (handbook)")
+    session.add_argument("--model", help="required, except with --what-if list")
+    session.add_argument("--script", help="a session JSON file, or a built-in name (handbook); required, except "
+                         "with --what-if list")
     session.add_argument("--kwargs", action="append", metavar="KEY=VALUE")
     session.add_argument("--block-size", type=int, default=16)
     session.add_argument("--checkpoint-policy", default="prompt-and-generation-end")
+    session.add_argument("--history", default="template", choices=("template", "append"),
+                         help="template: re-render every request (as clients do); append: keep the history as "
+                         "first rendered")
+    session.add_argument("--engine", metavar="E", help="raw, vllm, sglang or engine@version: each reply is written "
+                         "as model output, parsed by the engine and sent back as a client does (default: the "
+                         "scripted replies go to the template as they are)")
+    session.add_argument("--what-if", metavar="NAME|list", help="run one what-if experiment instead, or list them")
     session.add_argument("--json", metavar="PATH|-")
     session.set_defaults(func=cmd_session)
 
@@ -306,6 +413,25 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--stream", action="store_true")
     parse.add_argument("--json", metavar="PATH|-")
     parse.set_defaults(func=cmd_parse)
+
+    bench = sub.add_parser("bench", help="cold start, full matrix, tokenization floor, naive baseline, memory")
+    bench.add_argument("--repeat", type=int, default=3, help="runs of the matrix / floor passes; the best counts")
+    bench.add_argument("--models", help="a part of the default matrix (default: all of it)")
+    bench.add_argument("--scenarios")
+    bench.add_argument("--engines")
+    bench.add_argument("--no-naive", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--json", metavar="PATH|-")
+    bench.set_defaults(func=cmd_bench)
+
+    fuzz = sub.add_parser("fuzz", help="break rates of N random conversations, with 95%% confidence intervals")
+    fuzz.add_argument("--model", required=True)
+    fuzz.add_argument("--engine", required=True, help="vllm, sglang, sglang@0.5.12, raw or bridge")
+    fuzz.add_argument("--n", type=int, default=1000)
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--workers", type=int, help="processes (default: every core)")
+    fuzz.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    fuzz.add_argument("--json", metavar="PATH|-")
+    fuzz.set_defaults(func=cmd_fuzz)
     return parser
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from engine.assets import AssetSpec, ResolvedAsset, resolve_asset
 from engine.errors import AssetError, ExplorerError
 from engine.render import Renderer
-from engine.tokenize import HFTokenizer, Tokenizer
+from engine.render.cache import CachedRenderer
+from engine.tokenize import Tokenizer, load_hf_tokenizer, segment_cached_hf, segment_cached_tiktoken
 
 MODEL_ASSETS = Path(__file__).resolve().parent.parent / "model_assets"
 _ASSET_FIELDS = set(AssetSpec.__dataclass_fields__)
@@ -120,7 +121,7 @@ class LoadedModel:
         return self.spec.id
 
 
-def _special_token_vars(spec: ModelSpec) -> dict[str, str]:
+def special_token_vars(spec: ModelSpec) -> dict[str, str]:
     # transformers passes bos_token/eos_token/... from the tokenizer config into every render.
     return {k: v for k, v in spec.special_tokens.items() if k.endswith("_token") and isinstance(v, str)}
 
@@ -132,7 +133,7 @@ def build_renderer(spec: ModelSpec, kind: str, assets_dir: Path | None = None) -
         asset = resolve_asset(spec.id, spec.hub_repo, spec.assets["chat_template"], assets_dir)
         source = asset.data.decode("utf-8")
         return JinjaRenderer(source, model=spec.id, source_path=Path(spec.assets["chat_template"].path).name or
-                             asset.name, special_tokens=_special_token_vars(spec)), asset
+                             asset.name, special_tokens=special_token_vars(spec)), asset
     if kind == "deepseek_v4":
         from engine.render.deepseek_v4 import DeepSeekV4Renderer, load_encoder_module
 
@@ -150,18 +151,20 @@ def build_tokenizer(spec: ModelSpec, assets_dir: Path | None = None) -> tuple[To
     asset_spec = spec.assets["tokenizer"]
     asset = resolve_asset(spec.id, spec.hub_repo, asset_spec, assets_dir)
     kind = asset_spec.kind
+    # Every tokenizer is wrapped: each distinct string is tokenized once, and text between added tokens once where
+    # its configuration proves that equals whole-string tokenization (engine.tokenize.SegmentCachedTokenizer).
     if kind == "tokenizer.json":
         name = f"{spec.id} tokenizer.json ({asset.sha256[:12]})"
-        return HFTokenizer(asset.data.decode("utf-8"), name=name), asset
+        return segment_cached_hf(load_hf_tokenizer(asset.data, asset.sha256), name), asset
     if kind == "o200k_harmony":
         from engine.tiktoken_tokenizer import load_o200k_harmony
 
-        return load_o200k_harmony(), asset
+        return segment_cached_tiktoken(load_o200k_harmony()), asset
     if kind == "tiktoken.model":
         from engine.tiktoken_tokenizer import load_kimi
 
         assert asset.path is not None
-        return load_kimi(asset.path), asset
+        return segment_cached_tiktoken(load_kimi(asset.path)), asset
     raise ExplorerError(f"model {spec.id}: unknown tokenizer kind {kind!r}")
 
 
@@ -171,6 +174,7 @@ def load_model(model_id: str, renderer: str | None = None, assets_dir: Path | No
     spec = load_spec(model_id)
     kind = renderer or spec.renderer
     render, render_asset = build_renderer(spec, kind, assets_dir)
+    render = CachedRenderer(render)  # each distinct request rendered once (engine/render/cache.py)
     hashes = {render_asset.name: render_asset.sha256}
     sources = {render_asset.name: render_asset.source}
     tokenizer: Tokenizer | None = None

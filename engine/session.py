@@ -40,6 +40,20 @@ History modes: "template" re-renders every request from the messages, as clients
 as first rendered, each prompt being the previous request's whole sequence plus what the template renders for the
 new messages and the generation prompt (the handbook's own way to answer its exercise for a template without a
 preserve switch).
+
+Engines (`engine=` "raw", "vllm", "sglang", or "engine@version"; None = the template alone, the handbook's way): the
+session goes the way production goes, as a matrix cell does (engine.simulate). Each scripted reply becomes the
+model's output text (engine/formats/<family>.py `write`, stop token included), the engine's parsers turn it into
+the message the client sends back (`raw`: the format's lossless split), and the engine's request side rewrites each
+next request before the template renders it. This changes the accounting: a request's sequence, what the cache
+holds after generation, is its prompt's ids plus the tokenization of the written completion (not the template's
+rendering of the reply with add_generation_prompt=False), and decode is the completion's tokens, stop token
+included. With Qwen3.5 on the handbook the written completion (`reasoning\n</think>\n\n`, the tool call, then
+`<|im_end|>`, after the prompt's `<think>\n`) is byte for byte what the template renders for the latest turn, but
+the template also renders the `\n` after `<|im_end|>`, which the model never generates: each decode is one token
+less and that newline is prefilled by the next request instead of reused. Each row carries the parser's edits of
+its reply (`parse_edits`) and the request side's edits of its prompt (`request_edits`). History "append" and the
+what-ifs run without an engine.
 """
 
 from __future__ import annotations
@@ -50,10 +64,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ExplorerError
+from engine.errors import ExplorerError, RenderError
+from engine.formats import AssistantTurn, ToolCallSpec, get_format
 from engine.models import LoadedModel
+from engine.parsers import get_engine, list_engines
 from engine.prefix import common_prefix
-from engine.types import Location, Rendered, Tokens
+from engine.simulate import client_message, raw_request
+from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
 SESSIONS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "sessions"
 
@@ -205,6 +222,9 @@ class RequestRow:
     prompt_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
     sequence_render: Rendered | None = field(default=None, repr=False, compare=False)
     sequence_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
+    # Under an engine: what its parsers changed in this request's reply, and its request side in this prompt.
+    parse_edits: tuple[Edit, ...] = field(default=(), repr=False, compare=False)
+    request_edits: tuple[Edit, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def block_prefill_tokens(self) -> int:
@@ -265,6 +285,8 @@ class SessionReport:
     rows: tuple[RequestRow, ...]
     history: str = "template"
     rewrites: tuple[StepRewrite | ToolsChange, ...] = ()
+    engine: str | None = None  # "raw", "vllm", "sglang"; None: the template alone
+    engine_version: str = ""
 
     @property
     def total_prompt_tokens(self) -> int:
@@ -292,16 +314,28 @@ class SessionReport:
                       sum(c.prefill_tokens for c in counts), self.total_decode_tokens)
 
     def to_json(self) -> dict[str, Any]:
+        requests = [r.to_json() for r in self.rows]
+        if self.engine is not None:
+            for row, data in zip(self.rows, requests):
+                data["parse_edits"] = [_edit_json(e) for e in row.parse_edits]
+                data["request_edits"] = [_edit_json(e) for e in row.request_edits]
         return {
             "model": self.model, "script": self.script, "kwargs": self.kwargs, "block_size": self.block_size,
             "checkpoint_policy": self.checkpoint_policy, "history": self.history,
-            "requests": [r.to_json() for r in self.rows],
+            "engine": self.engine, "engine_version": self.engine_version,
+            "requests": requests,
             "totals": {"prompt_tokens": self.total_prompt_tokens, "prefill_tokens": self.total_prefill_tokens,
                        "block_prefill_tokens": self.total_block_prefill_tokens,
                        "hybrid_prefill_tokens": self.total_hybrid_prefill_tokens,
                        "decode_tokens": self.total_decode_tokens},
             "accounting": {a: self.totals(a).to_json() for a in ACCOUNTINGS},
         }
+
+
+def _edit_json(edit: Edit) -> dict[str, Any]:
+    return {"step": edit.step, "before": edit.before, "after": edit.after, "description": edit.description,
+            "location": {"origin": edit.location.origin, "path": edit.location.path, "line": edit.location.line,
+                         "end_line": edit.location.end_line}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -389,7 +423,10 @@ def simulate_session(
     checkpoint_policy: str = "prompt-and-generation-end",
     history: str = "template",
     rewrites: Sequence[StepRewrite | ToolsChange] = (),
+    engine: str | None = None,
 ) -> SessionReport:
+    """The session request by request; `engine` (raw, vllm, sglang[@version]) sends each reply through the
+    engine as production does (see the module docstring), None renders the scripted replies with the template."""
     if block_size < 1:
         raise ExplorerError(f"block size must be at least 1, got {block_size}")
     checkpoints_after(0, 0, checkpoint_policy)  # an unknown policy fails before any rendering
@@ -398,7 +435,11 @@ def simulate_session(
     if history == "append" and rewrites:
         raise ExplorerError("history 'append' keeps every earlier request's text, so it cannot take rewrites")
     _check_rewrites(script, rewrites)
+    if engine is not None and history != "template":
+        raise ExplorerError(f"engine {engine!r} re-renders every request from the parsed messages, so it cannot "
+                            f"keep the history {history!r}; use history 'template' with an engine")
     template_kwargs, render = _session_renderer(model, script, kwargs)
+    engine_side = _EngineSide(model, script, engine, template_kwargs, render) if engine is not None else None
 
     cached: list[CachedSequence] = []
     rows: list[RequestRow] = []
@@ -408,7 +449,11 @@ def simulate_session(
         seen_assistant = any(m["role"] == "assistant" for m in script.steps[:step])
         messages, tools = _request_input(script, n, step, rewrites)
         reply = next((m for m in script.steps[step + 1:] if m["role"] == "assistant"), None)
-        if history == "template":
+        edits: dict[str, tuple[Edit, ...]] = {}
+        if engine_side is not None:
+            prompt, prompt_tokenized, sequence, sequence_tokenized, edits = engine_side.request(messages, tools, n,
+                                                                                                step)
+        elif history == "template":
             prompt, prompt_tokenized = render(messages, tools, True)
             if reply:
                 sequence, sequence_tokenized = render(messages + [reply], tools, False)
@@ -444,13 +489,151 @@ def simulate_session(
             prompt_tokenized=prompt_tokenized,
             sequence_render=sequence,
             sequence_tokenized=sequence_tokenized,
+            **edits,
         ))
         cached.append(CachedSequence(
             sequence_tokenized.ids,
             checkpoints_after(len(prompt_tokenized.ids), len(sequence_tokenized.ids), checkpoint_policy),
         ))
     return SessionReport(model.id, script.id, template_kwargs, block_size, checkpoint_policy, tuple(rows),
-                         history, tuple(rewrites))
+                         history, tuple(rewrites), engine_side.name if engine_side else None,
+                         engine_side.version if engine_side else "")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A session through an engine: replies written as model output, parsed, sent back as the client does
+
+
+def _assistant_turn(script: SessionScript, index: int) -> AssistantTurn:
+    """The model's output for scripted reply `steps[index]`: its reasoning, content and tool calls."""
+    reply = script.steps[index]
+    where = f"session script {script.source or script.id}: step {index}"
+    reasoning = reply.get("reasoning_content", reply.get("reasoning"))
+    content = reply.get("content") or ""
+    if not isinstance(content, str) or not isinstance(reasoning, str | None):
+        raise ExplorerError(f"{where}: content and reasoning_content must be strings to be written as model output")
+    calls = []
+    for call in reply.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(arguments, dict):
+            raise ExplorerError(f"{where}: every tool call needs function.name and function.arguments as an "
+                                f"object or a JSON object string, got {call!r:.80}")
+        calls.append(ToolCallSpec(function["name"], arguments, call.get("id")))
+    return AssistantTurn(reasoning, content, tuple(calls))
+
+
+class _EngineSide:
+    """Builds each request as the client sends it after the engine parsed the earlier replies, and writes the
+    scripted reply as the model's completion: the sequence the cache then holds is prompt + completion."""
+
+    def __init__(self, model: LoadedModel, script: SessionScript, engine: str, template_kwargs: dict[str, Any],
+                 render: RenderFn) -> None:
+        self.model, self.script, self.kwargs, self.render = model, script, template_kwargs, render
+        if engine == "raw":
+            self.emulation, self.name, self.version = None, "raw", ""
+        else:
+            try:
+                self.emulation = get_engine(engine)
+            except ValueError:
+                known = ", ".join(["raw", "vllm", "sglang", *list_engines()])
+                hint = " (bridge is history 'append')" if engine == "bridge" else ""
+                raise ExplorerError(f"unknown engine {engine!r} for a session{hint}; known: {known}") from None
+            self.name, self.version = self.emulation.name, self.emulation.version
+        self.origin = self.emulation.origin if self.emulation else "the raw split"
+        self.parsers = model.spec.engine_parsers.get(self.name, {})
+        self.fmt = get_format(model.spec.family)
+        self.stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
+        self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
+        self.call_ids: dict[int, list[str]] = {}  # scripted reply's step -> the ids of its parsed tool calls
+        self.calls_so_far = 0
+
+    def _client_messages(self, messages: list[dict]) -> list[dict]:
+        """The script's messages (system first) with each generated reply replaced by its parsed message, and the
+        tool results after it answering the call ids the engine returned, in order, as a client does."""
+        offset = 1 if self.script.system else 0
+        out: list[dict] = []
+        ids: list[str] = []
+        for position, message in enumerate(messages):
+            step = position - offset
+            if step in self.sent:
+                out.append(self.sent[step])
+                ids = list(self.call_ids[step])
+                continue
+            if message.get("role") == "assistant":
+                ids = []
+            elif message.get("role") == "tool" and (ids or "tool_call_id" not in message):
+                message = {**message, "tool_call_id": ids.pop(0) if ids else "call_missing"}
+            out.append(message)
+        return out
+
+    def request(self, messages: list[dict], tools: list[dict] | None, number: int,
+                step: int) -> tuple[Rendered, Tokens, Rendered, Tokens, dict[str, tuple[Edit, ...]]]:
+        """Request `number`, started by `steps[step]`: its prompt and, when the next step is a scripted reply, the
+        sequence after the model wrote it, plus the engine's edits."""
+        sent = self._client_messages(messages)
+        request_edits: tuple[Edit, ...] = ()
+        if self.emulation is None:
+            to_render = raw_request(sent, self.fmt.arguments_in_history)
+        else:
+            prep = self.emulation.prepare_request(sent, tools)
+            if prep.error:
+                raise ExplorerError(f"model {self.model.id}: {self.origin} rejects request {number} of session "
+                                    f"{self.script.id}: {prep.error}")
+            to_render, request_edits = prep.messages, prep.edits
+        try:
+            prompt, prompt_tokens = self.render(to_render, tools, True)
+        except RenderError as err:
+            # E.g. the engine dropped a tool call the template needs before the tool result that answers it.
+            raise ExplorerError(f"request {number} of session {self.script.id}, as sent after {self.origin} parsed "
+                                f"the earlier replies, cannot be rendered: {err}") from None
+        reply_step = step + 1
+        if reply_step >= len(self.script.steps) or self.script.steps[reply_step]["role"] != "assistant":
+            return prompt, prompt_tokens, prompt, prompt_tokens, {"request_edits": request_edits}
+        turn = _assistant_turn(self.script, reply_step)
+        completion = self.fmt.write(turn, self.stop)
+        parsed = self._parse(completion.parser_text, tools, reply_step)
+        # Call ids as engine.simulate gives them: the engine's, else the script's, else numbered.
+        scripted = [c.call_id for c in turn.tool_calls]
+        ids = [c.id or (scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}")
+               for i, c in enumerate(parsed.tool_calls)]
+        self.calls_so_far += len(parsed.tool_calls)
+        self.sent[reply_step], self.call_ids[reply_step] = client_message(parsed, ids), ids
+        # The cache holds the prompt's ids followed by the generated ids: the completion tokenized on its own.
+        written = self.model.tokenizer.encode(completion.text)
+        n = len(prompt.text)
+        sequence = Rendered(prompt.text + completion.text,
+                            prompt.message_index + (len(messages),) * len(completion.text),
+                            prompt.source_line + (0,) * len(completion.text), prompt.source_path,
+                            f"{prompt.origin} + output written by engine/formats ({self.model.spec.family})")
+        sequence_tokens = Tokens(prompt_tokens.ids + written.ids,
+                                 prompt_tokens.offsets + tuple((a + n, b + n) for a, b in written.offsets),
+                                 sequence.text)
+        return prompt, prompt_tokens, sequence, sequence_tokens, {"parse_edits": parsed.edits,
+                                                                  "request_edits": request_edits}
+
+    def _parse(self, text: str, tools: list[dict] | None, reply_step: int) -> ParseResult:
+        if self.emulation is None:
+            return self.fmt.raw_parse(text)
+        try:
+            parsed = self.emulation.parse(text, reasoning_parser=self.parsers.get("reasoning_parser"),
+                                          tool_parser=self.parsers.get("tool_call_parser"), tools=tools,
+                                          chat_template_kwargs=self.kwargs, history_tool_calls=self.calls_so_far)
+        except NotImplementedError as err:
+            raise ExplorerError(f"model {self.model.id}: {self.origin} cannot parse its output yet ({err}), so "
+                                f"session {self.script.id} cannot run through it") from None
+        except ValueError as err:  # a parser name in the model's manifest that this engine version lacks
+            raise ExplorerError(f"model {self.model.id}: {err}") from None
+        if parsed.error:
+            raise ExplorerError(f"model {self.model.id}: {self.origin} fails the reply of step {reply_step} of "
+                                f"session {self.script.id}: {parsed.error}")
+        return parsed
 
 
 # ---------------------------------------------------------------------------------------------------------------

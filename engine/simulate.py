@@ -8,6 +8,8 @@ previous prompt + completion with the next prompt (string and token longest comm
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -17,6 +19,7 @@ from engine.formats import Completion, get_format
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
+from engine.tokenize import token_ids
 from engine.types import Edit, ParseResult, Rendered
 
 ENGINES = ("vllm", "sglang", "raw", "bridge")
@@ -119,7 +122,7 @@ def _engine_parts(engine: str) -> tuple[str, str]:
     return emulation.name, emulation.version
 
 
-def _client_message(parsed: ParseResult, call_ids: list[str]) -> dict:
+def client_message(parsed: ParseResult, call_ids: list[str]) -> dict:
     """The assistant message an OpenAI-style client sends back: what the engine returned, fields as named."""
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning is not None:
@@ -132,7 +135,7 @@ def _client_message(parsed: ParseResult, call_ids: list[str]) -> dict:
     return message
 
 
-def _raw_request(messages: list[dict], arguments_in_history: str) -> list[dict]:
+def raw_request(messages: list[dict], arguments_in_history: str) -> list[dict]:
     """The raw engine hands arguments over losslessly in the form the model's own template expects."""
     if arguments_in_history != "mapping":
         return messages
@@ -157,7 +160,7 @@ def _raw_request(messages: list[dict], arguments_in_history: str) -> list[dict]:
 def _completion_ids(model: LoadedModel, completion: Completion, noncanonical: bool) -> tuple[int, ...] | None:
     if model.tokenizer is None:
         return None
-    whole = model.tokenizer.encode(completion.text).ids
+    whole = token_ids(model.tokenizer, completion.text)
     if not noncanonical:
         return whole
     # A sampled tokenization that decodes to the same text but is not what re-tokenization gives back:
@@ -166,14 +169,14 @@ def _completion_ids(model: LoadedModel, completion: Completion, noncanonical: bo
     for start in range(len(text)):
         if text[start:start + 4].isalpha() and (start == 0 or not text[start - 1].isalpha()):
             cut = start + 2
-            ids = model.tokenizer.encode(text[:cut]).ids + model.tokenizer.encode(text[cut:]).ids
+            ids = token_ids(model.tokenizer, text[:cut]) + token_ids(model.tokenizer, text[cut:])
             if ids != whole and model.tokenizer.decode(ids) == text:
                 return ids
     return whole
 
 
 def _ids(model: LoadedModel, text: str) -> tuple[int, ...] | None:
-    return model.tokenizer.encode(text).ids if model.tokenizer else None
+    return token_ids(model.tokenizer, text) if model.tokenizer else None
 
 
 @lru_cache(maxsize=4096)
@@ -187,11 +190,25 @@ def run_cell(model_id: str, scenario_id: str, engine: str, kwargs: dict[str, Any
     return _cached_cell(model_id, scenario_id, engine, json.dumps(kwargs or {}, sort_keys=True), explain)
 
 
+_LOCAL_SCENARIOS: dict[str, Scenario] = {}
+
+
+@contextmanager
+def local_scenario(scenario: Scenario) -> Iterator[None]:
+    """Run an in-memory scenario (a fuzzed one) by its id: cause attribution re-runs cells by scenario id."""
+    _LOCAL_SCENARIOS[scenario.id] = scenario
+    try:
+        yield
+    finally:
+        _LOCAL_SCENARIOS.pop(scenario.id, None)
+
+
 def run_cell_with(model: LoadedModel, scenario_id: str, engine: str, user_kwargs: dict[str, Any], *,
-                  explain: bool = True) -> CellResult:
-    """A cell for an already loaded model (e.g. one with a custom template); not cached."""
+                  explain: bool = True, hints: bool = True) -> CellResult:
+    """A cell for an already loaded model (e.g. one with a custom template); not cached. `hints=False`: the
+    cause without its fix hint (engine.blame.explain_break)."""
     model_id = model.id
-    scenario = load_scenario(scenario_id)
+    scenario = _LOCAL_SCENARIOS.get(scenario_id) or load_scenario(scenario_id)
     kwargs = {**model.spec.default_kwargs(), **scenario.kwargs, **user_kwargs}
     try:
         engine_name, version = _engine_parts(engine)
@@ -212,7 +229,7 @@ def run_cell_with(model: LoadedModel, scenario_id: str, engine: str, user_kwargs
     if explain:
         from engine.blame import explain_break
 
-        cause = explain_break(model, scenario, engine, kwargs, user_kwargs, boundaries)
+        cause = explain_break(model, scenario, engine, kwargs, user_kwargs, boundaries, hints=hints)
     return CellResult(**base, status="breaks", boundaries=boundaries, cause=cause, note=note)
 
 
@@ -253,7 +270,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
         else:
-            to_render = _raw_request(messages, fmt.arguments_in_history)
+            to_render = raw_request(messages, fmt.arguments_in_history)
         try:
             return model.renderer.render(to_render, scenario.tools, add_generation_prompt=generation_prompt,
                                          kwargs=kwargs), edits
@@ -297,7 +314,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                     for i, c in enumerate(parsed.tool_calls)]
         call_cursor = 0
         calls_so_far += len(parsed.tool_calls)
-        history.append(_client_message(parsed, call_ids))
+        history.append(client_message(parsed, call_ids))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
 
@@ -326,12 +343,14 @@ def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion,
     synthesise the turn close after a truncation, then only what the template renders for the new messages."""
     text = rendered_next.text
     idx = rendered_next.message_index
-    new_start = next((i for i, m in enumerate(idx) if m > assistant_index), len(text))
-    assistant_chars = [i for i, m in enumerate(idx) if m == assistant_index]
+    # First character of a later message, and the assistant message's first and last characters: C-speed
+    # tuple.index per distinct message instead of a Python loop over every character.
+    new_start = min((idx.index(m) for m in set(idx) if m > assistant_index), default=len(text))
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     close = ""
-    if assistant_chars:
-        span = text[assistant_chars[0]:assistant_chars[-1] + 1]
+    if assistant_index in idx:
+        first, last = idx.index(assistant_index), len(idx) - 1 - idx[::-1].index(assistant_index)
+        span = text[first:last + 1]
         stop_at = span.rfind(completion.stop_token or stop) if (completion.stop_token or stop) else -1
         if stop_at >= 0:
             close = span[stop_at + len(completion.stop_token or stop):]
@@ -352,4 +371,4 @@ def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion,
 def _bridge_ids(model: LoadedModel, prev_ids: tuple[int, ...] | None, appended: str) -> tuple[int, ...] | None:
     if prev_ids is None or model.tokenizer is None:
         return None
-    return prev_ids + model.tokenizer.encode(appended).ids
+    return prev_ids + token_ids(model.tokenizer, appended)

@@ -1,0 +1,136 @@
+"""The fuzzer (reproducible, every JSON type, causes as the simulator computes them) and the bench's contract.
+
+No timing is asserted: only what the seed and the inputs determine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.fuzz import FuzzOutcome, random_scenario, run_fuzz, summarize, wilson
+from engine.models import load_model, load_spec
+from engine.simulate import local_scenario, run_cell_with
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_same_seed_same_json_whatever_the_workers() -> None:
+    one = run_fuzz("qwen3.6", "raw", 16, seed=3, workers=1).to_json()
+    two = run_fuzz("qwen3.6", "raw", 16, seed=3, workers=2).to_json()
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+    assert one["n"] == 16 and sum(one["statuses"].values()) == 16
+    assert sum(c["count"] for c in one["causes"]) == one["statuses"]["breaks"] + one["statuses"]["error"]
+    other = run_fuzz("qwen3.6", "raw", 16, seed=4, workers=1).to_json()
+    assert other["causes"] != one["causes"] or other["roundtrips"] != one["roundtrips"]
+
+
+def _types(value, into: set[str]) -> None:
+    into.add(type(value).__name__)
+    if isinstance(value, dict):
+        for item in value.values():
+            _types(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _types(item, into)
+
+
+def test_conversations_hold_every_json_type_whitespace_and_truncation() -> None:
+    scenarios = [random_scenario("qwen3_xml", 0, i) for i in range(60)]
+    assert random_scenario("qwen3_xml", 0, 7) == scenarios[7]
+    assert random_scenario("qwen3_xml", 1, 7) != scenarios[7]
+    types: set[str] = set()
+    truncations: set[str] = set()
+    edges = 0
+    for scenario in scenarios:
+        for turn in scenario.turns:
+            if turn.assistant is None:
+                edges += turn.text != turn.text.strip()
+                continue
+            for call in turn.assistant.tool_calls:
+                _types(call.arguments, types)
+            if turn.assistant.knobs.truncate_in:
+                truncations.add(turn.assistant.knobs.truncate_in)
+    assert types >= {"str", "int", "float", "bool", "NoneType", "dict", "list"}
+    assert truncations == {"reasoning", "content", "arguments"}
+    assert edges > 10
+
+
+@pytest.mark.parametrize("engine", ["vllm", "raw"])
+def test_fuzz_causes_are_the_simulators_own(engine: str) -> None:
+    # hints=False drops only the fix hint: stage, kind and location are those of the full attribution.
+    model = load_model("qwen3.6")
+    compared = 0
+    for index in range(12):
+        scenario = random_scenario(model.spec.family, 11, index)
+        with local_scenario(scenario):
+            fast = run_cell_with(model, scenario.id, engine, {}, hints=False)
+            full = run_cell_with(model, scenario.id, engine, {})
+        assert fast.status == full.status
+        if full.cause is not None:
+            compared += 1
+            assert (fast.cause.stage, fast.cause.kind, fast.cause.location, fast.cause.detail) == (
+                full.cause.stage, full.cause.kind, full.cause.location, full.cause.detail)
+            assert fast.cause.fix is None and full.cause.fix is not None
+    assert compared >= 6
+
+
+def test_wilson_interval() -> None:
+    assert tuple(round(x, 4) for x in wilson(5, 10)) == (0.2366, 0.7634)
+    assert tuple(round(x, 4) for x in wilson(0, 10)) == (0.0, 0.2775)
+    assert tuple(round(x, 4) for x in wilson(10, 10)) == (0.7225, 1.0)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_unavailable_conversations_are_counted_and_named_not_crashed() -> None:
+    note = "parser 'glm47' is registered but not emulated yet"
+    outcomes = [FuzzOutcome(0, "unavailable", 0, None, 0, None, "", note),
+                FuzzOutcome(1, "holds", 2, 900, 3000, None),
+                FuzzOutcome(2, "breaks", 1, 800, 2800, ("template", "reasoning-dropped", "t.jinja:3"), "template m",
+                            "at char 9")]
+    report = summarize("glm-5.1", "vllm", 3, 0, outcomes)
+    assert report.statuses == {"holds": 1, "breaks": 1, "error": 0, "unavailable": 1}
+    assert report.unavailable == f"1 of 3 conversations could not run on vllm: {note}"
+    assert report.break_rate["rate"] == 0.5 and report.error_rate["rate"] == 0.0
+    assert [(c.kind, c.count, c.rate, c.first_conversation) for c in report.causes] == [
+        ("reasoning-dropped", 1, 0.5, 2)]
+    assert report.mean_prompt_tokens == 850.0 and report.roundtrips == 3
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["fuzz", "--model", "qwen3.6", "--engine", "nope", "--n", "2"],
+     "error: fuzz: unknown engine 'nope'; known: vllm@0.33.0, sglang@0.5.23, sglang@0.5.12, vllm, sglang\n"),
+    (["fuzz", "--model", "qwen9", "--engine", "raw", "--n", "2"], "error: unknown model 'qwen9'"),
+    (["fuzz", "--model", "qwen3.6", "--engine", "raw", "--n", "0"], "error: fuzz: --n must be at least 1, got 0\n"),
+    (["bench", "--repeat", "0"], "error: bench: --repeat must be at least 1, got 0\n"),
+])
+def test_bad_input_is_one_sentence(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(message)
+
+
+def test_bench_json_contract() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "bench", "--models", "qwen3.5", "--scenarios", "tool-call,no-tools-next-user",
+         "--repeat", "1", "--json", "-"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("cold_start_s", "matrix_s", "cell_median_ms", "floor_s", "ratio_to_floor", "naive_s",
+                "speedup_vs_naive", "peak_rss_mb"):
+        assert isinstance(data[key], float) and data[key] > 0, key
+    assert data["cells"] == 8
+    assert data["naive_requests"] == data["render_calls"] and data["naive_cell_requests"] < data["naive_requests"]
+    assert data["naive_ids_differ"] == 0
+    flipped = next(k for k in load_spec("qwen3.5").template_kwargs if isinstance(k.default, bool))
+    assert data["toggle_kwargs"] == {"qwen3.5": f"{flipped.name}={'false' if flipped.default else 'true'}"}
+    assert data["toggle_cells"] == 8
+    assert data["segment_reuse"]["qwen3.5"].endswith("ids reused between added tokens (proven from its configuration)")
+    # Engines share prompts and boundaries share prefixes: strings and pieces come back from the caches.
+    stats = data["cache_stats"]["qwen3.5"]
+    assert stats["string_misses"] == data["distinct_strings"] and stats["string_hits"] > 0
+    assert stats["segment_hits"] > stats["segment_misses"]
