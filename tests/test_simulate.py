@@ -6,6 +6,7 @@ it does not, the test follows the code (see docs/FINDINGS.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from engine.matrix import cell_json
 from engine.models import default_model_ids, load_model
 from engine.scenario import scenario_ids
-from engine.simulate import run_cell
+from engine.simulate import run_cell, run_cell_with
 
 
 @pytest.mark.parametrize("model_id", default_model_ids())
@@ -96,10 +97,16 @@ def test_kimi_is_string_level_and_says_why() -> None:
     assert cell["note"].startswith("tokenizer unavailable for kimi-k2.6")
 
 
-def test_unemulated_engine_family_is_unavailable_not_a_crash() -> None:
-    cell = run_cell("glm-5.1", "tool-call", "vllm")
+def test_unemulated_parser_is_unavailable_not_a_crash() -> None:
+    # A server started with the legacy `--tool-call-parser deepseek_v3` for DeepSeek-V4: vLLM has it, the project
+    # does not emulate that JSON-in-special-tokens format.
+    model = load_model("deepseek-v4")
+    parsers = {**model.spec.engine_parsers, "vllm": {"reasoning_parser": "deepseek_v4",
+                                                      "tool_call_parser": "deepseek_v3"}}
+    legacy = dataclasses.replace(model, spec=dataclasses.replace(model.spec, engine_parsers=parsers))
+    cell = run_cell_with(legacy, "tool-call", "vllm", {})
     assert cell.status == "unavailable"
-    assert "glm47" in cell.note
+    assert cell.note is not None and cell.note.startswith("deepseek_v3: not emulated")
 
 
 def test_every_template_cause_names_a_real_line() -> None:

@@ -50,6 +50,10 @@ class FamilyParser(ABC):
     def __init__(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
+        # Request context some engines read: the request's chat_template_kwargs (e.g. Kimi's `thinking`) and how
+        # many tool calls the history already holds (SGLang numbers Kimi ids after them).
+        self.chat_template_kwargs: dict = {}
+        self.history_tool_calls = 0
 
     @abstractmethod
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
@@ -129,12 +133,17 @@ class EngineEmulation(ABC):
         if reasoning_parser is None and tool_parser is None:
             return ParseResult(reasoning=None, content=text)
         parser = self.family_parser(reasoning_parser, tool_parser)
-        if stream and chunks is not None and "".join(chunks) != text:
-            raise ValueError("chunks must concatenate to text")
+        parser.chat_template_kwargs = dict(chat_template_kwargs or {})
+        parser.history_tool_calls = history_tool_calls
         turn = parser.parse(
             text, list(tools or []), stream, chunks if chunks is not None else default_chunks(text), log
         )
         return ParseResult(turn.reasoning, turn.content, turn.calls, tuple(log.edits), turn.error)
+
+    def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
+        """What the parsers receive of a completion that ended with `stop_token`: engines drop the matched stop token
+        from the returned text unless they keep it for a parser."""
+        return text[: len(text) - len(stop_token)] if stop_token and text.endswith(stop_token) else text
 
     @abstractmethod
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:

@@ -167,6 +167,19 @@ class FakeTokenizer:
 ORDINARY_TOKEN_ID = 11
 
 
+class HarmonyTokenizer(FakeTokenizer):
+    """GPT-OSS jobs carry real o200k_harmony ids: decode them as the model's tokenizer would.
+
+    vLLM returns the decoded tokens of an unfinished message as content (parser/harmony.py:136-159), so a stand-in
+    that decodes only special tokens would lose that text.
+    """
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS).decode(list(ids))
+
+
 class _HfConfig:
     def __init__(self, model_type: str) -> None:
         self.model_type = model_type
@@ -208,7 +221,7 @@ def run_vllm(job: dict) -> dict:
         enable_auto_tools=True,
         is_harmony=job.get("harmony", False),
     )
-    tokenizer = FakeTokenizer(specials)
+    tokenizer = HarmonyTokenizer(specials) if job.get("harmony") else FakeTokenizer(specials)
     model_config = FakeModelConfig(job.get("model_type", "generic"))
     parser = parser_cls(
         tokenizer, request.tools, chat_template_kwargs=job.get("chat_template_kwargs") or {}, model_config=model_config
@@ -217,7 +230,8 @@ def run_vllm(job: dict) -> dict:
     if job["mode"] == "ns":
         if prompt_ids:
             parser.set_prompt_token_ids(prompt_ids)
-        output_ids = job["token_ids"] or [i for c in job["chunks"] for i in _chunk_token_ids(c, specials)]
+        output_ids = (job["token_ids"] if job["token_ids"] is not None
+                      else [i for c in job["chunks"] for i in _chunk_token_ids(c, specials)])
         reasoning, content, calls = parser.parse(
             job["text"], request, enable_auto_tools=True, model_output_token_ids=output_ids
         )

@@ -26,11 +26,9 @@ TOOL_FAMILY = {
     "glm47": "glm",
     "kimi_k2": "kimi_k2",
     "deepseekv3": "deepseek",
-    "deepseek-v3": "deepseek",
     "deepseekv31": "deepseek",
     "deepseekv32": "deepseek",
     "deepseekv4": "deepseek",
-    "deepseek-v4": "deepseek",
     "gpt-oss": "gpt_oss",
 }
 SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
@@ -48,6 +46,13 @@ class SglangEmulation(EngineEmulation):
         "deepseek": SglangDeepSeekParser,
         "gpt_oss": SglangGptOssParser,
     }
+
+    def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
+        # detokenizer_manager.py:218-220 keeps <|call|> (id 200012) when the tool parser is gpt-oss: the detector
+        # needs it to close a call.
+        if stop_token == "<|call|>" and tool_parser == "gpt-oss":
+            return text
+        return super().output_text(text, stop_token, tool_parser)
 
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         log = EditLog(self.origin)
