@@ -52,11 +52,15 @@ class BenchReport:
     floor_s: float
     floor_project_s: float  # the same strings through the project's whole-string encode (ids + char offsets)
     ratio_to_floor: float | None
-    # Rendering: each distinct request the matrix renders, rendered once (with provenance, uncached); best pass.
+    # Rendering: each distinct request the matrix renders, rendered once (text only, as the matrix renders first,
+    # uncached); best pass. Then the same with the per-character provenance read (the recording render too), and
+    # how many of the matrix's distinct renders had their provenance read (the bridge, and blame at a break).
     render_calls: int
     distinct_renders: int
     render_s: float
     ratio_to_render_and_floor: float
+    render_with_provenance_s: float
+    provenance_read: int
     # Naive: apply_chat_template(tokenize=True) per request; "all" = every render call of the matrix (cells and
     # cause attribution's re-runs), "cells" = only the cells' own requests.
     naive_s: float | None  # None with --no-naive
@@ -205,6 +209,12 @@ def _library_encoder(model: LoadedModel) -> Callable[[str], Any]:
         return lambda text: backend.encode(text, add_special_tokens=False)
     backend = inner.backend  # a tiktoken Encoding
     return lambda text: backend.encode(text, allowed_special="all")
+
+
+def _provenance_read(renderer: Any) -> int:
+    """How many renders in a render cache had their per-character provenance read."""
+    memo = getattr(renderer, "_memo", {})
+    return sum(rendered.provenance_computed for rendered in memo.values())
 
 
 def _best(passes: int, run: Callable[[], object]) -> float:
@@ -386,6 +396,8 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         if tokenizer is not None and hasattr(tokenizer, "cache_stats"):
             stats[model_id] = tokenizer.cache_stats()
 
+    provenance_read = sum(_provenance_read(load_model(m).renderer) for m in models)
+
     progress(f"matrix x{repeat}")
     runs = []
     for _ in range(repeat):
@@ -440,6 +452,19 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
                     pass
 
     render_s = _best(repeat, render_pass)
+
+    def render_with_provenance_pass() -> None:
+        for model_id in models:
+            inner = getattr(load_model(model_id).renderer, "inner", load_model(model_id).renderer)
+            for r in distinct[model_id]:
+                try:
+                    rendered = inner.render(r.messages, r.tools, add_generation_prompt=r.add_generation_prompt,
+                                            kwargs=r.kwargs)
+                    _ = rendered.message_index  # reading it runs the recording render
+                except Exception:  # noqa: BLE001 - the matrix renders refusals too (error cells)
+                    pass
+
+    render_with_provenance_s = _best(repeat, render_with_provenance_pass)
 
     progress("kwarg toggles (caches warm)")
     clear_run_caches(models)
@@ -496,6 +521,8 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         distinct_renders=sum(len(v) for v in distinct.values()),
         render_s=round(render_s, 4),
         ratio_to_render_and_floor=round(matrix_s / (render_s + floor_s), 2),
+        render_with_provenance_s=round(render_with_provenance_s, 4),
+        provenance_read=provenance_read,
         naive_s=round(naive_s, 4) if naive_s is not None else None,
         naive_requests=sum(len(v) for v in recorder.requests.values()),
         speedup_vs_naive=round(naive_s / matrix_s, 2) if naive_s is not None else None,
@@ -529,7 +556,8 @@ def report_text(r: BenchReport) -> str:
     if r.ratio_to_floor is not None:
         lines.append(f"matrix / floor   {r.ratio_to_floor:8.2f} x")
     lines += [
-        f"render once      {r.render_s:8.3f} s  ({r.distinct_renders} distinct of {r.render_calls} render calls)",
+        f"render once      {r.render_s:8.3f} s  ({r.distinct_renders} distinct of {r.render_calls} render calls; "
+        f"with provenance {r.render_with_provenance_s:.3f} s, read by the matrix for {r.provenance_read})",
         f"matrix / (render once + floor) {r.ratio_to_render_and_floor:.2f} x",
     ]
     if r.naive_s is not None and r.naive_cells_s is not None and r.speedup_vs_naive is not None:

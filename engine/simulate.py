@@ -20,7 +20,7 @@ from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
-from engine.types import Edit, ParseResult, Rendered
+from engine.types import Edit, ParseResult, Provenance, Rendered
 
 ENGINES = ("vllm", "sglang", "raw", "bridge")
 
@@ -204,9 +204,10 @@ def local_scenario(scenario: Scenario) -> Iterator[None]:
 
 
 def run_cell_with(model: LoadedModel, scenario_id: str, engine: str, user_kwargs: dict[str, Any], *,
-                  explain: bool = True, hints: bool = True) -> CellResult:
+                  explain: bool = True, hints: bool = True, stop_after: int | None = None) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template); not cached. `hints=False`: the
-    cause without its fix hint (engine.blame.explain_break)."""
+    cause without its fix hint (engine.blame.explain_break). `stop_after=N`: only boundaries 1..N are computed
+    (cause attribution asks whether one boundary holds), and the status is about those."""
     model_id = model.id
     scenario = _LOCAL_SCENARIOS.get(scenario_id) or load_scenario(scenario_id)
     kwargs = {**model.spec.default_kwargs(), **scenario.kwargs, **user_kwargs}
@@ -217,7 +218,7 @@ def run_cell_with(model: LoadedModel, scenario_id: str, engine: str, user_kwargs
     base = dict(model=model_id, scenario=scenario_id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
     try:
-        boundaries = _roundtrip(model, scenario, engine, kwargs)
+        boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after)
     except _Unavailable as err:
         return CellResult(**base, status="unavailable", note=str(err))
     except _Failed as err:
@@ -243,7 +244,8 @@ class _Failed(ExplorerError):
         self.boundaries = boundaries
 
 
-def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict) -> tuple[Boundary, ...]:
+def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict,
+               stop_after: int | None = None) -> tuple[Boundary, ...]:
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     emulation = None
@@ -285,9 +287,14 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 call_cursor += 1
             history.append(message)
             if pending is not None:
-                boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                  turn.role))
+                try:
+                    boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
+                                                      turn.role))
+                except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
+                    raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
+                if stop_after is not None and len(boundaries) >= stop_after:
+                    break
             continue
         assert turn.assistant is not None
         if engine == "bridge" and boundaries:
@@ -300,9 +307,11 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
             try:
-                parsed = emulation.parse(completion.parser_text, reasoning_parser=parsers.get("reasoning_parser"),
-                                         tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
-                                         chat_template_kwargs=kwargs, history_tool_calls=calls_so_far)
+                tool_parser = parsers.get("tool_call_parser")
+                parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
+                                         reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
+                                         tools=scenario.tools, chat_template_kwargs=kwargs,
+                                         history_tool_calls=calls_so_far)
             except (ValueError, NotImplementedError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
@@ -357,14 +366,19 @@ def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion,
     if completion.truncated:
         close = stop + close
     appended = close + text[new_start:]
+
+    def provenance() -> Provenance:
+        # Only the next render's provenance is needed to build the text; the previous prompt's waits for a reader.
+        return (prompt.message_index + (assistant_index,) * len(completion.text)
+                + (assistant_index,) * len(close) + idx[new_start:],
+                prompt.source_line + (0,) * (len(completion.text) + len(close))
+                + rendered_next.source_line[new_start:])
+
     return Rendered(
         text=prompt.text + completion.text + appended,
-        message_index=prompt.message_index + (assistant_index,) * len(completion.text)
-        + (assistant_index,) * len(close) + idx[new_start:],
-        source_line=prompt.source_line + (0,) * (len(completion.text) + len(close))
-        + rendered_next.source_line[new_start:],
         source_path=rendered_next.source_path,
         origin=f"bridge over {rendered_next.origin}",
+        provenance=provenance,
     )
 
 

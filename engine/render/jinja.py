@@ -5,6 +5,10 @@ Parity comes from reusing transformers' own pieces at run time (its sandboxed en
 compiling the same template source in an overlay of that environment whose code generator wraps every output
 expression in a recorder call; the overlay differs only in code generation, and the parity test proves the
 strings are identical.
+
+The text comes first, from the very template object transformers compiles (no recorder); the recording render runs
+only when a caller first reads `message_index` or `source_line`, since most prompts are only compared as text
+(`engine.types.Rendered`). It checks that it produced the same text.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -21,7 +27,9 @@ from jinja2 import nodes  # noqa: E402
 from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 
 from engine.errors import RenderError  # noqa: E402
-from engine.types import Rendered  # noqa: E402
+from engine.types import Provenance, Rendered  # noqa: E402
+
+T = TypeVar("T")
 
 
 def _transformers_pieces():
@@ -148,12 +156,24 @@ class JinjaRenderer:
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:
         chat, variables = self.template_context(messages, tools, add_generation_prompt, kwargs)
-        rec = self._recorder
-        rec.pending, rec.chunks = [], []
-        rec.message_ids = {id(m): i for i, m in enumerate(chat)}
+        if self._records_every_output:
+            # A subclass watching every output through `_record` (the sandbox's output-size limit) needs the
+            # recording render itself, and reads the provenance right after anyway.
+            return self._render_recorded(chat, variables)
+        text = self._guarded(lambda: self._reference.render(messages=chat, **variables))
+        # `chat` and `variables` are fresh plain copies (template_context), so the caller's later edits to its
+        # messages cannot reach the recording render.
+        return Rendered(text=text, source_path=self.source_path, origin=self.origin,
+                        provenance=lambda: self._provenance_of(text, chat, variables))
+
+    @property
+    def _records_every_output(self) -> bool:
+        return type(self)._record is not JinjaRenderer._record
+
+    def _guarded(self, run: Callable[[], T]) -> T:
+        """Run one render; a template's failure becomes RenderError naming the file, the model, the line."""
         try:
-            for _ in self._template.generate(messages=chat, **variables):
-                pass
+            return run()
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError,
                 OverflowError, ZeroDivisionError, MemoryError) as err:
             line = _template_line_of(err)
@@ -163,7 +183,28 @@ class JinjaRenderer:
                 f"failed{where}: {type(err).__name__}: {err}"
             raise RenderError(f"{self.source_path} for model {self.model} {what}", model=self.model,
                               path=self.source_path, source_line=line) from err
+
+    def _render_recorded(self, chat: list[dict], variables: dict) -> Rendered:
+        rec = self._recorder
+        rec.pending, rec.chunks = [], []
+        rec.message_ids = {id(m): i for i, m in enumerate(chat)}
+
+        def run() -> None:
+            for _ in self._template.generate(messages=chat, **variables):
+                pass
+
+        self._guarded(run)
         return self._assemble(rec.chunks, chat)
+
+    def _provenance_of(self, text: str, chat: list[dict], variables: dict) -> Provenance:
+        recorded = self._render_recorded(chat, variables)
+        if recorded.text != text:
+            # Only a template that reads the clock or draws random numbers can render differently twice.
+            raise RenderError(f"{self.source_path} for model {self.model} rendered different text when run again "
+                              "to record which message and line produced each character (does it read the clock "
+                              "or use random?), so the prompt has no per-character provenance",
+                              model=self.model, path=self.source_path)
+        return recorded.message_index, recorded.source_line
 
     def _assemble(self, chunks: list[tuple[_Record, int]], chat: list[dict]) -> Rendered:
         parts: list[str] = []
