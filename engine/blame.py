@@ -14,6 +14,7 @@ from typing import Any
 from engine.models import LoadedModel
 from engine.scenario import Scenario
 from engine.simulate import Boundary, Cause, run_cell_with
+from engine.types import Edit
 
 
 def _first_break(boundaries: tuple[Boundary, ...]) -> Boundary:
@@ -21,7 +22,8 @@ def _first_break(boundaries: tuple[Boundary, ...]) -> Boundary:
 
 
 def _boundary_holds(model: LoadedModel, scenario_id: str, engine: str, kwargs: dict, index: int) -> bool:
-    cell = run_cell_with(model, scenario_id, engine, kwargs, explain=False)
+    # Only boundary `index` matters: the re-run stops there, and attributes nothing.
+    cell = run_cell_with(model, scenario_id, engine, kwargs, explain=False, stop_after=index)
     if cell.status != "holds" and cell.status != "breaks":
         return False
     match = [b for b in cell.boundaries if b.index == index]
@@ -46,6 +48,31 @@ def _fix_hint(model: LoadedModel, scenario: Scenario, engine: str, user_kwargs: 
                 return {"kind": "engine", "engine": other, "text": f"serve with {other}"}
     return {"kind": "bridge", "engine": "bridge",
             "text": "build the next prompt by appending to the previous token ids (bridge) instead of re-rendering"}
+
+
+def _edit_at_break(edits: list[Edit], boundary: Boundary) -> Edit:
+    """The parser step that lost the model's bytes where the prompts part.
+
+    An edit covers the break when its input contains the model's text at that offset; among those, the culprit is
+    one whose output no longer holds its input up to and including the break character (a step that only removed
+    markup after it kept that). Ties go to the narrowest input, whitespace-only inputs (found almost anywhere) last.
+    Request-side renames (`before` is a field path) never cover model text.
+    """
+    completion = boundary.completion.text
+    offset = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    ranked = []
+    for order, edit in enumerate(edits):
+        start = completion.find(edit.before) if edit.before else -1
+        while start != -1:
+            if start <= offset <= start + len(edit.before):
+                kept = edit.before[: offset - start + 1] in edit.after
+                ranked.append((kept, edit.before.isspace(), len(edit.before), order, edit))
+                break
+            start = completion.find(edit.before, start + 1)
+    if ranked:
+        return min(ranked, key=lambda item: item[:4])[4]
+    in_output = [e for e in edits if e.before and e.before in completion]
+    return (in_output or edits)[0]
 
 
 def _classify_template(boundary: Boundary, at: int) -> str:
@@ -79,11 +106,11 @@ def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: d
             fix=fix,
         )
     if engine not in ("raw", "bridge"):
-        raw = run_cell_with(model, scenario.id, "raw", user_kwargs, explain=False)
+        raw = run_cell_with(model, scenario.id, "raw", user_kwargs, explain=False, stop_after=boundary.index)
         raw_boundary = next((b for b in raw.boundaries if b.index == boundary.index), None)
         edits = [e for e in (*boundary.parse.edits, *boundary.request_edits) if e.before != e.after]
         if raw_boundary is not None and raw_boundary.string_prefix.holds and edits:
-            edit = edits[0]
+            edit = _edit_at_break(edits, boundary)
             loc = edit.location
             return Cause(
                 stage="parser", kind=edit.step, location=str(loc), origin=loc.origin,

@@ -593,6 +593,9 @@ class _WorkerState:
                 return _limit("depth", f"{path} for model {model} was stopped{_at(err.source_line)}: it recursed "
                               f"too deep for the depth limit of {request['max_depth']} (recursion depth limit)",
                               err.source_line)
+            if isinstance(cause, MemoryError):
+                return _limit("memory", f"{path} for model {model} was stopped{_at(err.source_line)}: it needed more "
+                              f"memory than the {_memory_mb()} MB allowed (memory limit)", err.source_line)
             reply: dict[str, Any] = {"kind": "render", "message": _cap(str(err)), "line": err.source_line}
             import jinja2
 
@@ -600,7 +603,7 @@ class _WorkerState:
                 line, column = syntax_error_position(request["source"], cause)
                 reply.update(kind="syntax", detail=_cap(cause.message or ""), line=line, column=column)
             return {"error": reply}
-        except Exception as err:  # noqa: BLE001 - e.g. ZeroDivisionError, OverflowError: JinjaRenderer lets them out
+        except Exception as err:  # noqa: BLE001 - anything else the template's Python raises
             line = _line_of(err)
             return {"error": {"kind": "render", "line": line, "message": _cap(
                 f"{path} for model {model} failed{_at(line)}: {type(err).__name__}: {err}")}}

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.formats import AssistantTurn, ToolCallSpec, get_format
+from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
 from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines
 from engine.prefix import common_prefix
@@ -598,7 +598,7 @@ class _EngineSide:
             return prompt, prompt_tokens, prompt, prompt_tokens, {"request_edits": request_edits}
         turn = _assistant_turn(self.script, reply_step)
         completion = self.fmt.write(turn, self.stop)
-        parsed = self._parse(completion.parser_text, tools, reply_step)
+        parsed = self._parse(completion, tools, reply_step)
         # Call ids as engine.simulate gives them: the engine's, else the script's, else numbered.
         scripted = [c.call_id for c in turn.tool_calls]
         ids = [c.id or (scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}")
@@ -618,13 +618,15 @@ class _EngineSide:
         return prompt, prompt_tokens, sequence, sequence_tokens, {"parse_edits": parsed.edits,
                                                                   "request_edits": request_edits}
 
-    def _parse(self, text: str, tools: list[dict] | None, reply_step: int) -> ParseResult:
+    def _parse(self, completion: Completion, tools: list[dict] | None, reply_step: int) -> ParseResult:
         if self.emulation is None:
-            return self.fmt.raw_parse(text)
+            return self.fmt.raw_parse(completion.parser_text)
+        tool_parser = self.parsers.get("tool_call_parser")
         try:
+            text = self.emulation.output_text(completion.text, completion.stop_token, tool_parser)
             parsed = self.emulation.parse(text, reasoning_parser=self.parsers.get("reasoning_parser"),
-                                          tool_parser=self.parsers.get("tool_call_parser"), tools=tools,
-                                          chat_template_kwargs=self.kwargs, history_tool_calls=self.calls_so_far)
+                                          tool_parser=tool_parser, tools=tools, chat_template_kwargs=self.kwargs,
+                                          history_tool_calls=self.calls_so_far)
         except NotImplementedError as err:
             raise ExplorerError(f"model {self.model.id}: {self.origin} cannot parse its output yet ({err}), so "
                                 f"session {self.script.id} cannot run through it") from None

@@ -125,9 +125,13 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     good = tmp_path / "qwen-keep-reasoning.jinja"
     good.write_text("\n".join(stock) + "\n", encoding="utf-8")
     loop = tmp_path / "loop.jinja"
-    loop.write_text("{% for i in range(10**9) %}{% for j in range(10**9) %}x{% endfor %}{% endfor %}",
+    # Inside the sandbox's range cap (100,000), but 10^10 iterations: only the time limit stops it.
+    loop.write_text("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
                     encoding="utf-8")
-    page.goto(f"{app_url}/custom")
+    # Through the sidebar: a first visit straight to /custom shows Streamlit's spurious "Page not found" dialog
+    # (st.navigation resolves the page only after the entry script ran; streamlit/streamlit#9624).
+    page.goto(app_url)
+    page.get_by_role("link", name="Custom templates").click()
     page.get_by_text("Upload and validate").wait_for()
     page.locator("input[type=file]").first.set_input_files(str(good))
     page.get_by_role("combobox").first.wait_for()
@@ -135,13 +139,18 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     page.get_by_text("it is now a column next to").wait_for()
     page.locator("input[type=file]").first.set_input_files(str(loop))
     page.get_by_role("button", name="Upload and validate").click()
-    page.get_by_text("loop.jinja").first.wait_for()
-    page.get_by_text("limit").first.wait_for()
+    page.get_by_text("(render time limit)").wait_for()
+    assert "loop.jinja" in page.get_by_text("(render time limit)").inner_text()
     page.screenshot(path=str(SHOTS / "custom-templates.png"), full_page=True)
+    page.goto(app_url)  # the upload is a column next to the stock template, and the app still answers
+    page.get_by_text("cells in").first.wait_for()
+    headers = page.locator("[data-testid='stDataFrame'] [role=columnheader]").all_inner_texts()
+    assert "qwen3.6+custom" in headers, headers
 
 
 def test_session_page_opens(page, app_url) -> None:
-    page.goto(f"{app_url}/session")
+    page.goto(app_url)
+    page.get_by_role("link", name="Agent session").click()
     page.get_by_text("prefill, token-level").wait_for()
     page.locator("[data-testid='stMetricValue']").first.wait_for()
     page.screenshot(path=str(SHOTS / "session.png"), full_page=True)
