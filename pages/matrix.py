@@ -165,6 +165,7 @@ def main() -> None:
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
     _init_from_url()
+    _init_custom_columns()
     models, scenarios, view = _sidebar(default_model_ids())
     if not models or not scenarios:
         st.info("Pick at least one model and one scenario in the sidebar.")
@@ -286,6 +287,21 @@ def _write_url() -> None:
             params["upload"] = selected["upload"]
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
+
+
+def _init_custom_columns() -> None:
+    """After a refresh or a restart, every stored upload is a column again (the custom page can hide it)."""
+    if "custom_columns" in st.session_state:
+        return
+    st.session_state.custom_columns = {}
+    try:
+        from engine.workspace import Workspace
+
+        listing = Workspace(_workspace_root()).list()
+    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the matrix down
+        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
+        return
+    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
 
 
 def _workspace_root() -> str:

@@ -7,6 +7,7 @@ one and a hostile one), opens the session page, and saves screenshots to build/s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -93,8 +94,15 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     page.get_by_text("cells in").first.wait_for()
     page.screenshot(path=str(SHOTS / "matrix.png"), full_page=True)
     scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem != "tools")
-    _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6
-    page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: breaks").wait_for()
+    heading = page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: breaks")
+    for _ in range(3):  # a click that lands while the grid is still laying out is lost: click again
+        _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6
+        try:
+            heading.wait_for(timeout=20_000)
+            break
+        except sync_api.TimeoutError:
+            continue
+    heading.wait_for()
     page.get_by_text("Cause: template").wait_for()
     page.locator("tr.first").first.wait_for()  # the first differing token row, highlighted
     assert "<tool_call>" in page.locator("tr.first").first.inner_text()
@@ -106,7 +114,7 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     page.screenshot(path=str(SHOTS / "cell-diff.png"))
     page.get_by_role("button", name="Apply fix: set preserve_thinking=true").click()
     page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
-    assert "preserve_thinking" in page.url
+    page.wait_for_url(re.compile("preserve_thinking"))  # the URL is written at the end of the run
     shared = page.url
     page.goto(shared)  # a shared link reopens the same cell with the same kwargs
     page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: holds").wait_for()
@@ -121,7 +129,7 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
 def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     from engine.models import load_model
 
-    stock = load_model("qwen3.5").renderer.source_lines()
+    stock = load_model("qwen3.6").renderer.source_lines()  # the default base model's own template
     good = tmp_path / "qwen-keep-reasoning.jinja"
     good.write_text("\n".join(stock) + "\n", encoding="utf-8")
     loop = tmp_path / "loop.jinja"
@@ -142,10 +150,17 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     page.get_by_text("(render time limit)").wait_for()
     assert "loop.jinja" in page.get_by_text("(render time limit)").inner_text()
     page.screenshot(path=str(SHOTS / "custom-templates.png"), full_page=True)
-    page.goto(app_url)  # the upload is a column next to the stock template, and the app still answers
+    page.goto(app_url)  # a fresh browser session: stored uploads are columns again, and the app still answers
     page.get_by_text("cells in").first.wait_for()
-    headers = page.locator("[data-testid='stDataFrame'] [role=columnheader]").all_inner_texts()
-    assert "qwen3.6+custom" in headers, headers
+    with page.expect_download() as download:  # the grid is a canvas: read the custom column from the CSV export
+        page.get_by_role("button", name="Matrix CSV").click()
+    rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
+    custom = [r for r in rows if r.startswith("qwen3.6+custom,")]
+    stock = [r for r in rows if r.startswith("qwen3.6,")]
+    assert len(custom) == len(stock) == 13
+    # The stock template re-uploaded: every custom cell has the stock cell's figures and blames the same line.
+    assert [r.split(",", 1)[1].replace(good.name, "Qwen-Qwen3.6-35B-A3B.jinja") for r in custom] == \
+        [r.split(",", 1)[1] for r in stock]
 
 
 def test_session_page_opens(page, app_url) -> None:
