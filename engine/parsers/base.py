@@ -60,14 +60,6 @@ class FamilyParser(ABC):
         """Return what the client receives; `chunks` is only read when `stream` is true."""
 
 
-class NotEmulated(FamilyParser):
-    """Placeholder for a parser the engine has but this project does not emulate yet: fails clearly."""
-
-    def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
-        name = self.tool_parser or self.reasoning_parser
-        raise NotImplementedError(f"parser {name!r} is registered but not emulated yet")
-
-
 def default_chunks(text: str, width: int = 4) -> list[str]:
     """Streaming chunks when the caller gives none: pieces of `width` characters (at least one, possibly empty)."""
     return [text[i : i + width] for i in range(0, len(text), width)] or [""]
