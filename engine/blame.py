@@ -9,11 +9,12 @@ the first that makes the boundary hold is the hint, else the bridge.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from engine.models import LoadedModel
-from engine.scenario import Scenario
-from engine.simulate import Boundary, Cause, run_cell_with
+from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
+from engine.simulate import Boundary, Cause, local_scenario, run_cell_with
 from engine.types import Edit
 
 
@@ -75,6 +76,32 @@ def _edit_at_break(edits: list[Edit], boundary: Boundary) -> Edit:
     return (in_output or edits)[0]
 
 
+def _client_cause(model: LoadedModel, scenario: Scenario, engine: str, user_kwargs: dict, boundary: Boundary
+                  ) -> Cause | None:
+    """The scenario's client setting is the cause when the same cell with a client that echoes everything holds."""
+    if not scenario.client:
+        return None
+    default = replace(scenario, id=f"{scenario.id}~default-client", client={})
+    with local_scenario(default):
+        rerun = run_cell_with(model, default.id, engine, user_kwargs, explain=False, stop_after=boundary.index)
+    match = next((b for b in rerun.boundaries if b.index == boundary.index), None)
+    if match is None or not match.holds:
+        return None
+    setting, value = next(iter(scenario.client.items()))
+    source = SCENARIOS_DIR.parent / scenario.source
+    lines = source.read_text(encoding="utf-8").splitlines() if source.is_file() else []
+    line = next((n for n, text in enumerate(lines, 1) if text.strip().startswith(f"{setting}:")), 0)
+    return Cause(
+        stage="client", kind=f"client-{setting.replace('_', '-')}", location=f"{scenario.source}:{line}",
+        origin=f"client (scenario {scenario.id})",
+        detail=f"the client sends the assistant turn back with {setting}={value!r}; with a client that echoes what "
+               "the engine returned, this boundary holds",
+        fix={"kind": "client", "setting": setting, "value": CLIENT_SETTINGS[setting],
+             "text": f"send the assistant turn back whole ({setting}={str(CLIENT_SETTINGS[setting]).lower()})"},
+        line_text=lines[line - 1].strip() if line else "",
+    )
+
+
 def _classify_template(boundary: Boundary, at: int) -> str:
     prev, nxt = boundary.prev_text, boundary.next_prompt.text
     reasoning = boundary.parse.reasoning
@@ -117,6 +144,9 @@ def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: d
                 detail=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}",
                 fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "parser") if hints else None,
             )
+    client = _client_cause(model, scenario, engine, user_kwargs, boundary)
+    if client is not None:
+        return client
     at = boundary.string_prefix.common
     rendered = boundary.next_prompt
     pos = min(at, len(rendered.text) - 1)

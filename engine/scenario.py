@@ -32,6 +32,7 @@ class Scenario:
     turns: tuple[ScriptTurn, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the file it was read from, for evidence
+    client: dict[str, Any] = field(default_factory=dict)  # how the client echoes turns, e.g. {send_reasoning: false}
 
     @property
     def knob_summary(self) -> str:
@@ -61,6 +62,17 @@ def load_scenario(scenario_id: str) -> Scenario:
     return scenario_from_data(raw, str(path.relative_to(SCENARIOS_DIR.parent)))
 
 
+CLIENT_SETTINGS = {"send_reasoning": True}  # what an OpenAI-style client does unless a scenario says otherwise
+
+
+def _client_settings(raw: Any) -> dict[str, Any]:
+    settings = dict(raw or {})
+    unknown = sorted(set(settings) - set(CLIENT_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown client setting {unknown[0]!r} (known: {', '.join(CLIENT_SETTINGS)})")
+    return settings
+
+
 def scenario_from_data(raw: dict, source: str) -> Scenario:
     try:
         library = tool_library()
@@ -83,6 +95,6 @@ def scenario_from_data(raw: dict, source: str) -> Scenario:
                 raise ValueError(f"unknown turn role {role!r}")
         return Scenario(id=raw["id"], description=raw.get("description", ""), tools=tools,
                         system=raw.get("system"), turns=tuple(turns), kwargs=dict(raw.get("kwargs") or {}),
-                        source=source)
+                        source=source, client=_client_settings(raw.get("client")))
     except (KeyError, TypeError, ValueError) as err:
         raise ExplorerError(f"scenario {source} is malformed: {err}") from err

@@ -122,10 +122,11 @@ def _engine_parts(engine: str) -> tuple[str, str]:
     return emulation.name, emulation.version
 
 
-def client_message(parsed: ParseResult, call_ids: list[str]) -> dict:
-    """The assistant message an OpenAI-style client sends back: what the engine returned, fields as named."""
+def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: bool = True) -> dict:
+    """The assistant message an OpenAI-style client sends back: what the engine returned, fields as named
+    (`send_reasoning=False`: without reasoning_content, as clients that only keep content and tool_calls do)."""
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if parsed.reasoning is not None:
+    if parsed.reasoning is not None and send_reasoning:
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
@@ -323,7 +324,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                     for i, c in enumerate(parsed.tool_calls)]
         call_cursor = 0
         calls_so_far += len(parsed.tool_calls)
-        history.append(client_message(parsed, call_ids))
+        history.append(client_message(parsed, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
 

@@ -109,7 +109,8 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
                 cols[1].code(visible(edit.after) or "(empty)", language=None)
         if cause.fix:
             label = f"Apply fix: {cause.fix.get('text')}"
-            if apply_fix is None:
+            # A client fix is the caller's to make: the scenario defines how its client behaves.
+            if apply_fix is None or cause.fix.get("kind") not in ("kwarg", "engine", "bridge"):
                 st.markdown(f"**Fix:** {cause.fix.get('text')}")
             else:
                 st.button(label, key=f"{key}:fix", on_click=apply_fix, args=(cause.fix,), type="primary")

@@ -123,14 +123,14 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
         page.get_by_role("button", name="Matrix CSV").click()
     rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("model,scenario,engine,engine_version,status,")
-    assert len(rows) == 1 + 6 * 13 and "qwen3.6,next-user-turn,vllm,0.33.0,holds," in "\n".join(rows)
+    assert len(rows) == 1 + 6 * len(scenarios) and "qwen3.6,next-user-turn,vllm,0.33.0,holds," in "\n".join(rows)
 
 
 def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     from engine.models import load_model
 
     stock = load_model("qwen3.6").renderer.source_lines()  # the default base model's own template
-    good = tmp_path / "qwen-keep-reasoning.jinja"
+    good = tmp_path / "mine.jinja"
     good.write_text("\n".join(stock) + "\n", encoding="utf-8")
     loop = tmp_path / "loop.jinja"
     # Inside the sandbox's range cap (100,000), but 10^10 iterations: only the time limit stops it.
@@ -142,12 +142,18 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     page.get_by_role("link", name="Custom templates").click()
     page.get_by_text("Upload and validate").wait_for()
     page.locator("input[type=file]").first.set_input_files(str(good))
-    page.get_by_role("combobox").first.wait_for()
+    # Submitting before the uploader has the new file would send the form's previous value.
+    page.get_by_text(good.name, exact=True).wait_for()
     page.get_by_role("button", name="Upload and validate").click()
     page.get_by_text("it is now a column next to").wait_for()
     page.locator("input[type=file]").first.set_input_files(str(loop))
+    page.get_by_text(loop.name, exact=True).wait_for()
     page.get_by_role("button", name="Upload and validate").click()
-    page.get_by_text("(render time limit)").wait_for()
+    try:
+        page.get_by_text("(render time limit)").wait_for()
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(SHOTS / "custom-templates-failed.png"), full_page=True)
+        raise
     assert "loop.jinja" in page.get_by_text("(render time limit)").inner_text()
     page.screenshot(path=str(SHOTS / "custom-templates.png"), full_page=True)
     page.goto(app_url)  # a fresh browser session: stored uploads are columns again, and the app still answers
@@ -157,7 +163,7 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
     custom = [r for r in rows if r.startswith("qwen3.6+custom,")]
     stock = [r for r in rows if r.startswith("qwen3.6,")]
-    assert len(custom) == len(stock) == 13
+    assert len(custom) == len(stock) == len([p for p in (ROOT / "scenarios").glob("*.yaml") if p.stem != "tools"])
     # The stock template re-uploaded: every custom cell has the stock cell's figures and blames the same line.
     assert [r.split(",", 1)[1].replace(good.name, "Qwen-Qwen3.6-35B-A3B.jinja") for r in custom] == \
         [r.split(",", 1)[1] for r in stock]

@@ -146,3 +146,18 @@ def test_article_vs_code_kimi_arguments() -> None:
     assert run_cell("kimi-k2.6", "args-serialization", "raw").status == "holds"
     assert run_cell("kimi-k2.6", "args-serialization", "vllm@0.33.0").cause.kind == "args_schema_coerce"
     assert run_cell("kimi-k2.6", "args-serialization", "sglang@0.5.23").cause.kind == "args_orjson_loads"
+
+
+def test_a_client_that_drops_reasoning_is_the_cause_where_the_template_would_keep_it() -> None:
+    # The scenario's client sends the assistant turn back without reasoning_content. Re-run with a client that echoes
+    # everything: where that holds, the client is the cause (its setting's line in the scenario file).
+    for model in ("qwen3.6", "glm-5.1", "kimi-k2.6", "deepseek-v4"):
+        cause = run_cell(model, "client-drops-reasoning", "vllm").cause
+        assert (cause.stage, cause.kind, cause.location) == (
+            "client", "client-send-reasoning", "scenarios/client-drops-reasoning.yaml:5")
+        assert cause.line_text == "send_reasoning: false   # the OpenAI-style client keeps content and tool_calls only"
+        assert cause.fix == {"kind": "client", "setting": "send_reasoning", "value": True,
+                             "text": "send the assistant turn back whole (send_reasoning=true)"}
+    # GPT-OSS's template re-renders the history call in another form whatever the client sends: template first.
+    assert run_cell("gpt-oss", "client-drops-reasoning", "vllm").cause.stage == "template"
+    assert run_cell("qwen3.6", "client-drops-reasoning", "bridge").status == "holds"
