@@ -52,9 +52,9 @@ def _listing(workspace: Workspace) -> None:
     except Exception as err:  # noqa: BLE001
         st.error(f"The workspace {workspace.root} cannot be read: {describe_error(err)}")
         return
-    uploads = listing.uploads if hasattr(listing, "uploads") else listing
-    for problem in getattr(listing, "skipped", ()) or ():
-        st.warning(str(problem))
+    uploads = listing.uploads
+    for problem in listing.skipped:  # a half-written or corrupt entry is reported, never fatal
+        st.warning(problem)
     if not uploads:
         st.info("No uploads yet.")
         return
