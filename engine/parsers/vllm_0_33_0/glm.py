@@ -15,12 +15,12 @@ delta; every special token is one delta, as a model emits it.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
+from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, schema_types
 from engine.types import ToolCall
 
 GLM = "vllm/parser/glm47_moe.py"
@@ -72,31 +72,6 @@ ARG_RE = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?
 PARTIAL_ARG_RE = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*)$", re.DOTALL)
 NAME_IN_ARGS_RE = re.compile(r'"name"\s*:\s*"([^"]*)"')
 
-TYPE_ALIASES = {  # tool_parsers/utils.py:1126-1150
-    "str": "string",
-    "text": "string",
-    "varchar": "string",
-    "char": "string",
-    "enum": "string",
-    "int": "integer",
-    "int32": "integer",
-    "int64": "integer",
-    "uint": "integer",
-    "uint32": "integer",
-    "uint64": "integer",
-    "long": "integer",
-    "short": "integer",
-    "unsigned": "integer",
-    "float": "number",
-    "float32": "number",
-    "float64": "number",
-    "double": "number",
-    "bool": "boolean",
-    "dict": "object",
-    "arr": "array",
-    "list": "array",
-    "sequence": "array",
-}
 
 
 def split_special_tokens(text: str) -> list[str]:
@@ -132,144 +107,6 @@ def token_deltas(text: str, chunks: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- schema helpers (tool_parsers/utils.py)
-def schema_types(schema: object) -> list[str]:
-    """extract_types_from_schema (utils.py:1080-1123): type, enum value types, anyOf/oneOf/allOf; default string."""
-    if not isinstance(schema, dict):
-        return ["string"]
-    types: set[str] = set()
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        types.add(declared)
-    elif isinstance(declared, list):
-        types.update(t for t in declared if isinstance(t, str))
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        for value in enum:
-            if value is None:
-                types.add("null")
-            elif isinstance(value, bool):
-                types.add("boolean")
-            elif isinstance(value, int):
-                types.add("integer")
-            elif isinstance(value, float):
-                types.add("number")
-            elif isinstance(value, str):
-                types.add("string")
-            elif isinstance(value, list):
-                types.add("array")
-            elif isinstance(value, dict):
-                types.add("object")
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        if isinstance(branches, list):
-            for branch in branches:
-                types.update(schema_types(branch))
-    return list(types) if types else ["string"]
-
-
-def json_finite(value: object) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(json_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(json_finite(v) for v in value)
-    return True
-
-
-def coerce_to_schema_type(value: str, schema_type: list[str]) -> object:
-    """utils.py:1153-1242: null > integer > number > boolean > object > array > string, then a json.loads fallback.
-
-    Returns `value` itself when nothing applies: the caller tests identity, as parser_engine.py:301 does."""
-    types = {TYPE_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in schema_type}
-    for candidate in ("null", "integer", "number", "boolean", "object", "array", "string"):
-        if candidate not in types:
-            continue
-        if candidate == "null":
-            if value.lower() == "null":
-                return None
-            continue
-        if candidate == "string":
-            return value
-        if candidate == "integer":
-            try:
-                return int(value)
-            except (ValueError, TypeError):
-                continue
-        if candidate == "number":
-            try:
-                return int(value)
-            except (ValueError, TypeError):
-                pass
-            try:
-                number = float(value)
-            except (ValueError, TypeError):
-                continue
-            if not math.isfinite(number):
-                continue
-            return number if number != int(number) else int(number)
-        if candidate == "boolean":
-            lowered = value.lower().strip()
-            if lowered in ("true", "1"):
-                return True
-            if lowered in ("false", "0"):
-                return False
-            continue
-        if candidate in ("object", "array"):
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                continue
-            if json_finite(parsed):
-                return parsed
-            continue
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return value
-    return parsed if json_finite(parsed) else value
-
-
-def coerce_value(value: object, schema: dict) -> tuple[object, bool]:
-    """parser_engine.py:292-331: strings are coerced; dicts and lists recurse when the schema describes them."""
-    if isinstance(value, str):
-        coerced = coerce_to_schema_type(value, schema_types(schema))
-        return (coerced, True) if coerced is not value else (value, False)
-    if isinstance(value, dict):
-        nested = schema.get("properties")
-        if isinstance(nested, dict):
-            return value, coerce_dict(value, nested)
-        return value, False
-    if isinstance(value, list):
-        items = schema.get("items")
-        if not isinstance(items, dict):
-            return value, False
-        changed = False
-        for position, item in enumerate(value):
-            coerced, item_changed = coerce_value(item, items)
-            if item_changed:
-                value[position] = coerced
-                changed = True
-        return value, changed
-    coerced = coerce_to_schema_type(json.dumps(value, ensure_ascii=False), schema_types(schema))
-    if type(coerced) is not type(value) or coerced != value:
-        return coerced, True
-    return value, False
-
-
-def coerce_dict(args: dict, properties: dict) -> bool:
-    changed = False
-    for key, value in args.items():
-        declared = properties.get(key)
-        if not isinstance(declared, dict):
-            continue
-        coerced, value_changed = coerce_value(value, declared)
-        if value_changed:
-            args[key] = coerced
-            changed = True
-    return changed
-
-
 def tool_properties(tools: list[dict], name: str) -> dict:
     """find_tool_properties (utils.py:335-353): the declared tool's `properties`, or {}."""
     schema = tool_schema(tools, name)
