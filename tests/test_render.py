@@ -123,3 +123,34 @@ def test_harmony_renders_object_arguments_as_json_text() -> None:
     # openai-harmony 0.0.8 writes history calls in the header style `assistant to=… <|channel|>commentary json`.
     assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
             "<|call|>") in rendered.text
+
+
+REMEMBERED_VERDICT_TEMPLATES = {
+    # (template, what transformers' sandbox does with it): the remembered verdicts must answer exactly the same.
+    "{{ messages[0].role }}|{{ messages[0].items is callable }}|{{ messages[0].nope }}|{{ messages[0]['content'] }}":
+        "render",
+    "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages[0].keys() | list | join(',') }}": "render",
+    "{{ messages.append(1) }}": "refuse",
+    "{{ messages[0].update({'role': 'x'}) }}": "refuse",
+    "{{ messages.__class__ }}": "render",  # unsafe attribute: undefined, rendered empty
+    "{{ messages[0].pop('role') }}": "refuse",
+}
+
+
+@pytest.mark.parametrize("source", sorted(REMEMBERED_VERDICT_TEMPLATES))
+def test_remembered_sandbox_verdicts_match_transformers(source: str) -> None:
+    renderer = JinjaRenderer(source, model="probe", source_path="probe.jinja")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    for _ in range(2):  # the second pass answers from memory
+        try:
+            theirs = renderer.render_reference(messages, None, add_generation_prompt=False)
+        except Exception as their_error:  # noqa: BLE001
+            assert REMEMBERED_VERDICT_TEMPLATES[source] == "refuse"
+            with pytest.raises(RenderError) as caught:
+                renderer.render(messages, None, add_generation_prompt=False)
+            assert str(their_error) in str(caught.value)
+            continue
+        assert REMEMBERED_VERDICT_TEMPLATES[source] == "render"
+        ours = renderer.render(messages, None, add_generation_prompt=False)
+        assert ours.text == theirs
+        assert len(ours.source_line) == len(theirs)

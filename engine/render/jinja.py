@@ -6,8 +6,9 @@ compiling the same template source in an overlay of that environment whose code 
 expression in a recorder call; the overlay differs only in code generation, and the parity test proves the
 strings are identical.
 
-The text comes first, from the very template object transformers compiles (no recorder); the recording render runs
-only when a caller first reads `message_index` or `source_line`, since most prompts are only compared as text
+The text comes first, from the same source compiled in a second overlay whose sandbox remembers its verdicts
+(`_remember_sandbox_verdicts`: same answers, asked once per type and name); the recording render runs only when a
+caller first reads `message_index` or `source_line`, since most prompts are only compared as text
 (`engine.types.Rendered`). It checks that it produced the same text.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -37,6 +39,42 @@ def _transformers_pieces():
     from transformers.utils import chat_template_utils as ctu
 
     return ctu
+
+
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+def _remember_sandbox_verdicts(environment: jinja2.Environment) -> None:
+    """Make a sandboxed environment answer its attribute checks from memory, with the same answers.
+
+    Jinja's sandbox asks `is_safe_attribute(obj, attr, value)` on every `message.role`; for the immutable sandbox
+    transformers uses, the answer depends only on the object's type and the name (`is_internal_attribute` and
+    `modifies_known_mutable` test `isinstance` and the name, never the value). And `message.role` on a plain dict
+    first tries Python's getattr, which raises, then the item: for a name that is not a dict attribute that is
+    exactly the item lookup.
+    """
+    decide = environment.is_safe_attribute
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj, attr: str, value) -> bool:
+        key = (type(obj), attr)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = decide(obj, attr, value)
+        return verdict
+
+    sandboxed_getattr = environment.getattr
+
+    def getattr_(self, obj, attribute: str):
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return sandboxed_getattr(obj, attribute)
+
+    environment.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
+    environment.getattr = types.MethodType(getattr_, environment)  # type: ignore[method-assign]
 
 
 class _ProvenanceCodeGenerator(CodeGenerator):
@@ -100,8 +138,12 @@ class JinjaRenderer:
                 path=source_path,
                 source_line=err.lineno,
             ) from err
-        self._reference = reference
+        # Our own overlays, never transformers' cached environment (the naive baseline and parity use that one).
+        fast = reference.environment.overlay()
+        _remember_sandbox_verdicts(fast)
+        self._text_template = fast.from_string(source)
         overlay = reference.environment.overlay()
+        _remember_sandbox_verdicts(overlay)
         overlay.code_generator_class = _ProvenanceCodeGenerator
         self._recorder = _Recorder()
         overlay.drift_record = self._record  # type: ignore[attr-defined]
@@ -160,7 +202,7 @@ class JinjaRenderer:
             # A subclass watching every output through `_record` (the sandbox's output-size limit) needs the
             # recording render itself, and reads the provenance right after anyway.
             return self._render_recorded(chat, variables)
-        text = self._guarded(lambda: self._reference.render(messages=chat, **variables))
+        text = self._guarded(lambda: self._text_template.render(messages=chat, **variables))
         # `chat` and `variables` are fresh plain copies (template_context), so the caller's later edits to its
         # messages cannot reach the recording render.
         return Rendered(text=text, source_path=self.source_path, origin=self.origin,
