@@ -22,7 +22,7 @@ from engine.errors import ExplorerError
 from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
-from engine.scenario import SCENARIOS_DIR, load_scenario
+from engine.scenario import SCENARIOS_DIR, load_scenario, preamble_library
 from engine.simulate import Boundary, Cause, CellResult, run_cell
 from engine.tokenize import Tokenizer
 from engine.types import Rendered, Tokens
@@ -264,8 +264,13 @@ def _scenario_json(scenario_id: str) -> dict:
     data = path.read_bytes()
     import yaml
 
-    return {"id": scenario.id, "description": scenario.description, "source": scenario.source,
-            "sha256": hashlib.sha256(data).hexdigest(), "data": yaml.safe_load(data)}
+    out = {"id": scenario.id, "description": scenario.description, "source": scenario.source,
+           "sha256": hashlib.sha256(data).hexdigest(), "data": yaml.safe_load(data)}
+    if scenario.preamble:
+        text = preamble_library()[scenario.preamble]
+        out["preamble"] = {"name": scenario.preamble, "source": "scenarios/preambles.yaml",
+                           "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    return out
 
 
 def engine_spec(cell: CellResult) -> str:
@@ -527,6 +532,8 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
     scenario_now = _scenario_json(scenario_id)
     if scenario_now["sha256"] != evidence.get("scenario", {}).get("sha256"):
         diffs.append(f"{where}: scenario file {scenario_now['source']} changed since the export")
+    if scenario_now.get("preamble") != evidence.get("scenario", {}).get("preamble"):
+        diffs.append(f"{where}: the scenario's preamble in scenarios/preambles.yaml changed since the export")
     cell = run_cell(model_id, scenario_id, engine, kwargs)
     now = cell_evidence(cell, model)
     label = f"{where} ({model_id} × {scenario_id} × {engine})"

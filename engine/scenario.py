@@ -33,6 +33,7 @@ class Scenario:
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the file it was read from, for evidence
     client: dict[str, Any] = field(default_factory=dict)  # how the client echoes turns, e.g. {send_reasoning: false}
+    preamble: str | None = None  # the name in preambles.yaml whose text starts `system`
 
     @property
     def knob_summary(self) -> str:
@@ -49,8 +50,16 @@ def tool_library() -> dict[str, dict]:
     return yaml.safe_load((SCENARIOS_DIR / "tools.yaml").read_text(encoding="utf-8"))
 
 
+@cache
+def preamble_library() -> dict[str, str]:
+    return yaml.safe_load((SCENARIOS_DIR / "preambles.yaml").read_text(encoding="utf-8"))
+
+
+LIBRARY_FILES = ("tools", "preambles")  # scenarios/*.yaml that hold what scenarios refer to, not scenarios
+
+
 def scenario_ids() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem != "tools")
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem not in LIBRARY_FILES)
 
 
 @cache
@@ -93,8 +102,15 @@ def scenario_from_data(raw: dict, source: str) -> Scenario:
                 turns.append(ScriptTurn(role, text=str(body)))
             else:
                 raise ValueError(f"unknown turn role {role!r}")
+        preamble = raw.get("preamble")
+        system = raw.get("system")
+        if preamble is not None:
+            library_text = preamble_library().get(preamble)
+            if library_text is None:
+                raise ValueError(f"unknown preamble {preamble!r} (known: {', '.join(preamble_library())})")
+            system = library_text + (f"\n{system}" if system else "")
         return Scenario(id=raw["id"], description=raw.get("description", ""), tools=tools,
-                        system=raw.get("system"), turns=tuple(turns), kwargs=dict(raw.get("kwargs") or {}),
-                        source=source, client=_client_settings(raw.get("client")))
+                        system=system, turns=tuple(turns), kwargs=dict(raw.get("kwargs") or {}),
+                        source=source, client=_client_settings(raw.get("client")), preamble=preamble)
     except (KeyError, TypeError, ValueError) as err:
         raise ExplorerError(f"scenario {source} is malformed: {err}") from err

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.scenario import LIBRARY_FILES
+
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -93,7 +95,7 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     page.locator("[data-testid='stDataFrame']").first.wait_for()
     page.get_by_text("cells in").first.wait_for()
     page.screenshot(path=str(SHOTS / "matrix.png"), full_page=True)
-    scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem != "tools")
+    scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
     heading = page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: breaks")
     for _ in range(3):  # a click that lands while the grid is still laying out is lost: click again
         _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6
@@ -163,7 +165,8 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
     custom = [r for r in rows if r.startswith("qwen3.6+custom,")]
     stock = [r for r in rows if r.startswith("qwen3.6,")]
-    assert len(custom) == len(stock) == len([p for p in (ROOT / "scenarios").glob("*.yaml") if p.stem != "tools"])
+    scenarios = [p for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES]
+    assert len(custom) == len(stock) == len(scenarios)
     # The stock template re-uploaded: every custom cell has the stock cell's figures and blames the same line.
     assert [r.split(",", 1)[1].replace(good.name, "Qwen-Qwen3.6-35B-A3B.jinja") for r in custom] == \
         [r.split(",", 1)[1] for r in stock]

@@ -45,9 +45,10 @@ def test_break_view_lines_up_the_first_differing_token(qwen_break) -> None:
     assert (first_prev.text, first_next.text) == ("<think>", "<tool_call>")
     assert first_prev.id == model.tokenizer.token_id("<think>") and first_prev.special
     lines = model.renderer.source_lines()
-    # Boundary 2: the first assistant turn (message 1) is history in both prompts; the previous prompt still shows
-    # its reasoning, the next (after a new user message) starts it at the tool call.
-    assert (first_prev.message_index, first_next.message_index) == (1, 1)
+    # Boundary 2: the first assistant turn (message 2, after the system preamble and the user) is history in both
+    # prompts; the previous prompt still shows its reasoning, the next (after a new user message) starts it at the
+    # tool call.
+    assert (first_prev.message_index, first_next.message_index) == (2, 2)
     assert "<think>" in lines[first_prev.source_line - 1]
     assert first_next.source_line == 114 and "<tool_call>" in lines[113]
     tail = break_view(model, cell.boundaries[0], context=4).prev.rows[-1]
@@ -61,7 +62,9 @@ def test_string_level_view_without_tokenizer() -> None:
     cell, model = run_cell("kimi-k2.6", "no-tools-next-user", "raw"), load_model("kimi-k2.6")
     view = break_view(model, cell.focus)
     assert view.level == "string" and view.first_token is None
-    assert view.first_char == cell.focus.string_prefix.common == 102
+    # 102 characters into the user turn, which starts after the coding-agent preamble's system turn
+    assert cell.focus.prev_prompt.text.index("<|im_user|>") == 3159
+    assert view.first_char == cell.focus.string_prefix.common == 3159 + 102
     assert all(r.id is None for r in view.prev.rows)
     assert "".join(r.text for r in view.prev.rows) == view.prev.text
 
@@ -90,12 +93,15 @@ def test_replay_names_what_changed(qwen_break, tmp_path) -> None:
     evidence["result"]["status"] = "holds"
     evidence["asset_hashes"]["tokenizer"] = "0" * 64
     evidence["boundaries"][0]["completion"]["text"] += "x"
+    assert evidence["scenario"]["preamble"]["name"] == "coding-agent"
+    evidence["scenario"]["preamble"]["sha256"] = "1" * 64
     path = tmp_path / "tampered.json"
     path.write_text(json.dumps(evidence), encoding="utf-8")
     report = replay(path)
     assert not report.matches
     assert report.differences == (
         "tampered.json: asset tokenizer sha256 was 000000000000…, is now 5f9e4d4901a9…",
+        "tampered.json: the scenario's preamble in scenarios/preambles.yaml changed since the export",
         "tampered.json (qwen3.6 × next-user-turn × vllm@0.33.0): status was holds, is now breaks",
         "tampered.json (qwen3.6 × next-user-turn × vllm@0.33.0): boundary 1 completion text or ids differ",
     )
@@ -115,7 +121,7 @@ def test_markdown_shows_both_sides_with_visible_whitespace_and_the_cause(qwen_br
     assert "**Cause** (template, reasoning-dropped): `Qwen-Qwen3.6-35B-A3B.jinja:114`" in text
     assert "**Fix**: set preserve_thinking=true" in text
     assert "<|im_start|>assistant↵\n<think>↵" in text  # previous side, whitespace visible
-    assert "| 296 **≠** | 248068 | `<think>` | 248058 | `<tool_call>` |" in text
+    assert "| 1009 **≠** | 248068 | `<think>` | 248058 | `<tool_call>` |" in text
 
 
 def test_html_is_self_contained_and_marks_the_first_token(qwen_break) -> None:

@@ -154,7 +154,7 @@ def test_a_client_that_drops_reasoning_is_the_cause_where_the_template_would_kee
     for model in ("qwen3.6", "glm-5.1", "kimi-k2.6", "deepseek-v4"):
         cause = run_cell(model, "client-drops-reasoning", "vllm").cause
         assert (cause.stage, cause.kind, cause.location) == (
-            "client", "client-send-reasoning", "scenarios/client-drops-reasoning.yaml:5")
+            "client", "client-send-reasoning", "scenarios/client-drops-reasoning.yaml:6")
         assert cause.line_text == "send_reasoning: false   # the OpenAI-style client keeps content and tool_calls only"
         assert cause.fix == {"kind": "client", "setting": "send_reasoning", "value": True,
                              "text": "send the assistant turn back whole (send_reasoning=true)"}

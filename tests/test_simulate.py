@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
+from engine.errors import ExplorerError
 from engine.matrix import cell_json
 from engine.models import default_model_ids, load_model
-from engine.scenario import scenario_ids
+from engine.scenario import load_scenario, preamble_library, scenario_from_data, scenario_ids
 from engine.simulate import run_cell, run_cell_with
 
 
@@ -165,3 +166,19 @@ def test_matrix_cli_json_is_deterministic(tmp_path) -> None:
     keys = {"model", "scenario", "engine", "engine_version", "kwargs", "status", "string_prefix", "token_prefix",
             "reused_tokens", "prefill_tokens", "cause", "boundaries"}
     assert all(keys <= set(c) for c in data["cells"])
+
+
+def test_every_scenario_starts_with_the_coding_agent_preamble() -> None:
+    preamble = preamble_library()["coding-agent"]
+    for scenario_id in scenario_ids():
+        scenario = load_scenario(scenario_id)
+        assert scenario.preamble == "coding-agent" and scenario.system == preamble
+        first = run_cell("qwen3.6", scenario_id, "raw").boundaries[0].prev_prompt.text
+        assert preamble.strip() in first
+
+
+def test_an_unknown_preamble_names_the_scenario_file() -> None:
+    raw = {"id": "x", "preamble": "chatty", "turns": [{"user": "hi"}]}
+    with pytest.raises(ExplorerError, match=r"^scenario scenarios/x.yaml is malformed: unknown preamble 'chatty' "
+                                            r"\(known: coding-agent\)$"):
+        scenario_from_data(raw, "scenarios/x.yaml")
