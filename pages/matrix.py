@@ -230,9 +230,10 @@ def _upload_label(upload_id: str) -> str:
 
 def _exports(cells: list[CellResult], loaded: dict[str, LoadedModel]) -> None:
     cols = st.columns(4)
-    cols[0].download_button("Matrix CSV", matrix_csv(cells), "drift-matrix.csv", "text/csv", key="export:csv",
-                            on_click="ignore")
-    cols[1].download_button("Matrix JSON", json.dumps(matrix_json(cells), ensure_ascii=False, indent=2),
+    # Built when clicked, not on every script run: serializing every cell's boundaries is most of a re-run.
+    cols[0].download_button("Matrix CSV", lambda: matrix_csv(cells), "drift-matrix.csv", "text/csv",
+                            key="export:csv", on_click="ignore")
+    cols[1].download_button("Matrix JSON", lambda: json.dumps(matrix_json(cells), ensure_ascii=False, indent=2),
                             "drift-matrix.json", "application/json", key="export:json", on_click="ignore")
     stock = [c for c in cells if c.model in loaded and "+" not in c.model]
     if cols[2].button("Prepare evidence (JSON + HTML)", key="export:prepare"):

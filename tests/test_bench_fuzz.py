@@ -6,6 +6,7 @@ No timing is asserted: only what the seed and the inputs determine.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 
 from engine.cli import main
 from engine.fuzz import FuzzOutcome, random_scenario, run_fuzz, summarize, wilson
-from engine.models import load_model, load_spec
+from engine.models import default_model_ids, load_model, load_spec
+from engine.scenario import scenario_ids
 from engine.simulate import local_scenario, run_cell_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +136,20 @@ def test_bench_json_contract() -> None:
     stats = data["cache_stats"]["qwen3.5"]
     assert stats["string_misses"] == data["distinct_strings"] and stats["string_hits"] > 0
     assert stats["segment_hits"] > stats["segment_misses"]
+
+
+def test_app_bench_json_contract(tmp_path) -> None:
+    result = subprocess.run([sys.executable, "benchmarks/app_bench.py", "--repeat", "1", "--json", "-"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "DRIFT_WORKSPACE": str(tmp_path / "workspace")})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("first_view_s", "rerun_median_ms", "toggle_median_ms", "toggle_max_ms", "select_cell_median_ms",
+                "peak_rss_mb"):
+        assert isinstance(data[key], float) and data[key] > 0, key
+    cells = len(default_model_ids()) * len(scenario_ids())
+    assert data["first_view_caption"].startswith(f"{cells} cells in ")
+    toggled = [m for m in default_model_ids() if any(isinstance(k.default, bool) for k in load_spec(m).template_kwargs)]
+    assert [k.split(":")[0] for k in data["toggle_median_ms_by_kwarg"]] == toggled
+    assert data["toggle_runs"] == 2 * len(toggled)
+    assert "missing ScriptRunContext" not in result.stderr

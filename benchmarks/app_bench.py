@@ -1,0 +1,132 @@
+"""What one click costs in the web app: the matrix page's script run, measured in one process with Streamlit's
+AppTest (the same script run the server does on every widget change, without the browser's painting).
+
+    python benchmarks/app_bench.py [--repeat 5] [--json PATH|-]
+
+Figures: the first view (all six models loaded, every default cell computed), a re-run with nothing changed, a
+boolean template kwarg toggled (each model's in turn, so its cells recompute while the others come from the cache;
+each toggle is set and then set back, both timed), a matrix cell selected (the break view and the cause card), and
+the process's peak RSS with everything loaded. A benchmark, not a test: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from engine.bench import machine_name, peak_rss_mb  # noqa: E402
+from engine.models import default_model_ids, load_spec  # noqa: E402
+from engine.scenario import scenario_ids  # noqa: E402
+
+
+def quiet_no_context_warning() -> None:
+    """AppTest's helper threads and widget setters run outside a script run and warn so; expected here."""
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
+
+
+def _timed_run(at: AppTest) -> float:
+    start = time.perf_counter()
+    at.run()
+    elapsed = time.perf_counter() - start
+    if at.exception:
+        raise RuntimeError(f"the app raised: {[e.value for e in at.exception]}")
+    return elapsed
+
+
+def _cells_caption(at: AppTest) -> str:
+    return next((c.value for c in at.caption if " cells in " in c.value), "")
+
+
+def run(repeat: int) -> dict:
+    os.environ.setdefault("DRIFT_WORKSPACE", tempfile.mkdtemp(prefix="drift-app-bench-"))
+    quiet_no_context_warning()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    load_before = os.getloadavg()
+    first_view_s = _timed_run(at)
+    quiet_no_context_warning()  # loading Streamlit's configuration in the first run resets its loggers' levels
+    caption = _cells_caption(at)
+    rerun_ms = [_timed_run(at) * 1000 for _ in range(repeat)]
+    toggles: dict[str, list[float]] = {}
+    for model_id in default_model_ids():
+        kwarg = next((k for k in load_spec(model_id).template_kwargs if isinstance(k.default, bool)), None)
+        if kwarg is None:
+            continue
+        key = f"kw:{model_id}:{kwarg.name}"
+        times = []
+        for _ in range(repeat):
+            for value in (not kwarg.default, kwarg.default):
+                at.checkbox(key=key).set_value(value)
+                times.append(_timed_run(at) * 1000)
+        toggles[f"{model_id}: {kwarg.name}"] = times
+    select_ms = []
+    scenarios = scenario_ids()
+    for model_id in default_model_ids():
+        at.session_state["matrix"] = {"selection": {"rows": [], "columns": [],
+                                                    "cells": [(scenarios.index("next-user-turn"), model_id)]}}
+        select_ms.append(_timed_run(at) * 1000)
+    all_toggles = [t for times in toggles.values() for t in times]
+    return {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_name(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "repeat": repeat,
+        "first_view_s": round(first_view_s, 3),
+        "first_view_caption": caption,
+        "rerun_median_ms": round(statistics.median(rerun_ms), 1),
+        "toggle_median_ms": round(statistics.median(all_toggles), 1),
+        "toggle_max_ms": round(max(all_toggles), 1),
+        "toggle_runs": len(all_toggles),
+        "toggle_median_ms_by_kwarg": {k: round(statistics.median(v), 1) for k, v in toggles.items()},
+        "select_cell_median_ms": round(statistics.median(select_ms), 1),
+        "select_cell_max_ms": round(max(select_ms), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+
+
+def report_text(r: dict) -> str:
+    lines = [
+        f"# drift-matrix app bench, {r['date']}, {r['machine']}; load average {r['load_average_before']} -> "
+        f"{r['load_average_after']}",
+        f"first view       {r['first_view_s']:8.3f} s  ({r['first_view_caption']}; models loaded in this run)",
+        f"re-run, no change  median {r['rerun_median_ms']:.1f} ms",
+        f"kwarg toggle       median {r['toggle_median_ms']:.1f} ms, max {r['toggle_max_ms']:.1f} ms over "
+        f"{r['toggle_runs']} script runs (the toggled model's cells recomputed, the rest cached)",
+        f"select a cell      median {r['select_cell_median_ms']:.1f} ms, max {r['select_cell_max_ms']:.1f} ms "
+        "(break view and cause card)",
+        f"peak RSS         {r['peak_rss_mb']:8.1f} MiB  (all six models loaded, the app's caches filled)",
+    ]
+    lines += [f"  toggle {k}: median {v:.1f} ms" for k, v in r["toggle_median_ms_by_kwarg"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", help="write the figures as JSON to PATH, or - for stdout")
+    args = parser.parse_args(argv)
+    report = run(args.repeat)
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+    else:
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(report_text(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
