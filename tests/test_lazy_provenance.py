@@ -17,7 +17,7 @@ from conversations import CONVERSATIONS
 from engine.errors import RenderError
 from engine.matrix import MatrixRequest, boundary_json, run_matrix
 from engine.models import LoadedModel, default_model_ids, load_model, load_spec
-from engine.render.cache import CachedRenderer
+from engine.render.cache import CachedRenderer, request_key
 from engine.render.deepseek_v4 import DeepSeekV4Renderer
 from engine.render.jinja import JinjaRenderer
 from engine.scenario import scenario_ids
@@ -262,3 +262,26 @@ def test_the_bridge_turns_that_refusal_into_an_error_cell(monkeypatch: pytest.Mo
     cell = run_cell_with(clock, "tool-call", "bridge", {})
     assert cell.status == "error"
     assert cell.note is not None and cell.note.startswith("clock.jinja for model qwen3.6 rendered different text")
+
+
+def test_render_cache_keys_tell_apart_what_renders_differently() -> None:
+    base = [{"role": "user", "content": "hi", "n": 1}]
+    variants = [
+        [{"role": "user", "content": "hi", "n": 1.0}],
+        [{"role": "user", "content": "hi", "n": True}],
+        [{"content": "hi", "role": "user", "n": 1}],  # key order: templates iterate mappings in order
+        [{"role": "user", "content": "hi", "n": (1,)}],
+        [{"role": "user", "content": "hi", "n": [1]}],
+        [{"role": "user", "content": "hi ", "n": 1}],
+    ]
+    keys = {request_key(m, None, True, None) for m in [base, *variants]}
+    assert len(keys) == 1 + len(variants)
+    assert request_key(base, None, True, None) != request_key(base, None, False, None)
+    assert request_key(base, None, True, None) != request_key(base, [], True, None)
+    # Equal requests give equal keys whether or not they share objects.
+    text = "x" * 50
+    shared = [{"role": "user", "content": text}, {"role": "assistant", "content": text}]
+    copied = [{"role": "user", "content": "x" * 50}, {"role": "assistant", "content": "".join(["x"] * 50)}]
+    assert request_key(shared, None, True, None) == request_key(copied, None, True, None)
+    # What pickle refuses still gets a key (its repr).
+    assert isinstance(request_key([{"role": "user", "content": lambda: 1}], None, True, None), str)
