@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,3 +159,40 @@ def json_copy(value: Any) -> Any:
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value
     return copy.deepcopy(value)
+
+
+def keep_special_tokens_whole(chunks: list[str], specials: tuple[str, ...]) -> list[str]:
+    """Move every chunk boundary that falls inside a special token to the token's end.
+
+    A special token is one token id, so no real detokenized delta splits it; callers' fixed-width chunks can.
+    Chunks that already keep them whole (like the conformance corpus's) come back unchanged.
+    """
+    text = "".join(chunks)
+    spans = sorted((start, start + len(token)) for start, token in special_token_starts(text, specials))
+    if not spans:
+        return list(chunks)
+    starts = [start for start, _ in spans]
+    result: list[str] = []
+    pending: list[str] = []
+    position = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        position += len(chunk)
+        span = bisect_right(starts, position - 1) - 1
+        if span >= 0 and spans[span][0] < position < spans[span][1]:
+            continue  # this boundary would cut a special token
+        result.append("".join(pending))
+        pending = []
+    if pending:
+        result.append("".join(pending))
+    return result or [""]
+
+
+def special_token_starts(text: str, specials: tuple[str, ...]) -> list[tuple[int, str]]:
+    found = []
+    for token in specials:
+        start = text.find(token)
+        while start != -1:
+            found.append((start, token))
+            start = text.find(token, start + len(token))
+    return found

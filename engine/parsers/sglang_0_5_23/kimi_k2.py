@@ -20,8 +20,7 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
-from engine.parsers.vllm_0_33_0.kimi_k2 import keep_special_tokens_whole
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, keep_special_tokens_whole
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -34,6 +33,9 @@ SECTION_START, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_secti
 CALL_START, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 ARG_START = "<|tool_call_argument_begin|>"
 TOOL_TOKENS = (SECTION_START, SECTION_END, CALL_START, CALL_END, ARG_START)  # kimik2_detector.py:22-28
+# The tokenizer's special tokens the oracle registered (tests/conformance/corpus.py): one id each, so a detokenized
+# delta never splits one.
+SPECIAL_TOKENS = (THINK_START, THINK_END, *TOOL_TOKENS, "<|im_end|>")
 
 CALL_ID_RE = re.compile(r"^(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)$")  # kimik2_detector.py:85-87
 COUNTER_RE = re.compile(r"^\d+$")  # kimik2_detector.py:89
@@ -608,7 +610,7 @@ class SglangKimiK2Parser(FamilyParser):
         content_out: list[str] = []
         fed: list[str] = []
         calls: dict[int, dict] = {}
-        chunks = keep_special_tokens_whole(chunks)
+        chunks = keep_special_tokens_whole(chunks, SPECIAL_TOKENS)
         for position, chunk in enumerate(chunks):
             finished = position == len(chunks) - 1
             delta = chunk

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, keep_special_tokens_whole, tool_schema
 from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict
 from engine.types import ToolCall
 
@@ -114,43 +113,6 @@ def split_special_tokens(text: str, specials: tuple[str, ...] = SPECIAL_TOKENS) 
     if position < len(text):
         pieces.append((text[position:], False))
     return pieces
-
-
-def keep_special_tokens_whole(chunks: list[str], specials: tuple[str, ...] = SPECIAL_TOKENS) -> list[str]:
-    """Move every chunk boundary that falls inside a special token to the token's end.
-
-    A special token is one token id, so no real detokenized delta splits it; callers' fixed-width chunks can.
-    Chunks that already keep them whole (like the conformance corpus's) come back unchanged.
-    """
-    text = "".join(chunks)
-    spans = sorted((start, start + len(token)) for start, token in special_token_starts(text, specials))
-    if not spans:
-        return list(chunks)
-    starts = [start for start, _ in spans]
-    result: list[str] = []
-    pending: list[str] = []
-    position = 0
-    for chunk in chunks:
-        pending.append(chunk)
-        position += len(chunk)
-        span = bisect_right(starts, position - 1) - 1
-        if span >= 0 and spans[span][0] < position < spans[span][1]:
-            continue  # this boundary would cut a special token
-        result.append("".join(pending))
-        pending = []
-    if pending:
-        result.append("".join(pending))
-    return result or [""]
-
-
-def special_token_starts(text: str, specials: tuple[str, ...]) -> list[tuple[int, str]]:
-    found = []
-    for token in specials:
-        start = text.find(token)
-        while start != -1:
-            found.append((start, token))
-            start = text.find(token, start + len(token))
-    return found
 
 
 class DropLog:
@@ -854,7 +816,7 @@ class VllmKimiK2Parser(FamilyParser):
         reasoning_out: list[str] = []
         content_out: list[str] = []
         accumulated: dict[int, dict] = {}
-        chunks = keep_special_tokens_whole(chunks)
+        chunks = keep_special_tokens_whole(chunks, SPECIAL_TOKENS)
         for position, chunk in enumerate(chunks):
             pieces = split_special_tokens(chunk)
             delta: Delta | None = None
