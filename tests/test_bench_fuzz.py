@@ -150,6 +150,7 @@ def test_app_bench_json_contract(tmp_path) -> None:
     cells = len(default_model_ids()) * len(scenario_ids())
     assert data["first_view_caption"].startswith(f"{cells} cells in ")
     toggled = [m for m in default_model_ids() if any(isinstance(k.default, bool) for k in load_spec(m).template_kwargs)]
-    assert [k.split(":")[0] for k in data["toggle_median_ms_by_kwarg"]] == toggled
-    assert data["toggle_runs"] == 2 * len(toggled)
+    assert [k.split(":")[0] for k in data["toggle_ms_by_kwarg"]] == toggled
+    assert data["toggle_cached_runs"] == len(toggled)  # one cycle: the flip back
+    assert isinstance(data["toggle_cached_median_ms"], float)
     assert "missing ScriptRunContext" not in result.stderr
