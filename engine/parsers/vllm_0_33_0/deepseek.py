@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
 
 from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
 from engine.types import ToolCall
@@ -428,19 +431,27 @@ def safe_argument_prefix(text: str, string_keys: set[str] | None) -> str:
 
 
 # ---------------------------------------------------------------- lexer (incremental_lexer.py)
+@cache
+def lexer_tables(literals: tuple[tuple[str, str], ...]
+                 ) -> tuple[Mapping[str, tuple[tuple[str, str], ...]], frozenset[str], int, re.Pattern]:
+    """What a Lexer reads but never changes (literals by first character, their proper prefixes, the longest length,
+    the first characters' pattern), built once per literal set instead of once per parse."""
+    by_first: dict[str, tuple[tuple[str, str], ...]] = {}
+    for literal, name in literals:
+        by_first[literal[0]] = (*by_first.get(literal[0], ()), (literal, name))
+    prefixes = frozenset(literal[:i] for literal, _ in literals for i in range(1, len(literal)))
+    first_chars = re.compile("[" + "".join(re.escape(c) for c in sorted(by_first)) + "]")
+    return MappingProxyType(by_first), prefixes, max(len(literal) for literal, _ in literals), first_chars
+
+
 class Lexer:
     """Longest literal at the buffer start wins; a buffer that is a proper prefix of a literal is held back until
     the next chunk (incremental_lexer.py:184-271). Works on an index instead of re-slicing the buffer, so a 1 MB
     output lexes in linear time; the tokens produced are the same."""
 
     def __init__(self, literals: list[tuple[str, str]]) -> None:
-        self.by_first: dict[str, list[tuple[str, str]]] = {}
-        for literal, name in literals:
-            self.by_first.setdefault(literal[0], []).append((literal, name))
-        self.literals = literals
-        self.prefixes = frozenset(literal[:i] for literal, _ in literals for i in range(1, len(literal)))
-        self.max_length = max(len(literal) for literal, _ in literals)
-        self.first_chars = re.compile("[" + "".join(re.escape(c) for c in sorted(self.by_first)) + "]")
+        tables = lexer_tables(tuple(literals))
+        self.by_first, self.prefixes, self.max_length, self.first_chars = tables
         self.buffer = ""
 
     def feed(self, text: str) -> list[tuple[str | None, str]]:

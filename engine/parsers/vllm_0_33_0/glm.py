@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
 
 from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
 from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, schema_types
@@ -323,28 +325,60 @@ def transitions(thinking: bool) -> dict[tuple[str, str], tuple[str, tuple[str, .
     return table
 
 
+@dataclass(frozen=True)
+class MachineGrammar:
+    """What a Machine reads but never changes: built once per thinking mode instead of once per parse."""
+
+    table: Mapping
+    literals: Mapping[str, str]
+    by_token: frozenset[str]
+    prefixes: frozenset[str]
+    first_chars: frozenset[str]
+    literal_re: re.Pattern
+    longest: int
+    tool_terminals: frozenset[str]
+    reasoning_markup: frozenset[str]
+
+
+@cache
+def machine_grammar(thinking: bool) -> MachineGrammar:
+    table = transitions(thinking)
+    grammar = [TOOL_START, TOOL_END, ARG_KEY_START, ARG_KEY_END, ARG_VALUE_START, ARG_VALUE_END]
+    if thinking:
+        grammar = [THINK_START, THINK_END, *grammar]
+    literals: dict[str, str] = {t: t for t in grammar}
+    literals.update({t: DROP for t in DROPPED_SPECIALS})
+    return MachineGrammar(
+        table=MappingProxyType(table),
+        literals=MappingProxyType(literals),
+        # token-id terminals (glm47_moe.py:193-197) and dropped specials arrive pre-lexed by token id
+        by_token=frozenset({t for t in literals if t in (THINK_START, THINK_END, TOOL_START, TOOL_END)}
+                           | set(DROPPED_SPECIALS)),
+        prefixes=frozenset(lit[:i] for lit in literals for i in range(1, len(lit))),
+        first_chars=frozenset(lit[0] for lit in literals),
+        literal_re=re.compile("|".join(re.escape(lit) for lit in literals)),
+        longest=max(len(lit) for lit in literals),
+        tool_terminals=frozenset(t for (s, t), (n, _) in table.items() if n in TOOL_STATES or s in TOOL_STATES),
+        reasoning_markup=frozenset({THINK_START, THINK_END}) if thinking else frozenset(),
+    )
+
+
 class Machine:
     """StreamingParserEngine for the GLM config: incremental lexer (incremental_lexer.py:82-285) plus the transition
     table; one instance per pass, as each adapter owns its own engine."""
 
     def __init__(self, thinking: bool, log: EditLog) -> None:
         self.log = log
-        self.table = transitions(thinking)
-        grammar = [TOOL_START, TOOL_END, ARG_KEY_START, ARG_KEY_END, ARG_VALUE_START, ARG_VALUE_END]
-        if thinking:
-            grammar = [THINK_START, THINK_END, *grammar]
-        self.literals: dict[str, str] = {t: t for t in grammar}
-        self.literals.update({t: DROP for t in DROPPED_SPECIALS})
-        # token-id terminals (glm47_moe.py:193-197) and dropped specials arrive pre-lexed by token id
-        self.by_token = {t for t in self.literals if t in (THINK_START, THINK_END, TOOL_START, TOOL_END)} | set(
-            DROPPED_SPECIALS
-        )
-        self.prefixes = {lit[:i] for lit in self.literals for i in range(1, len(lit))}
-        self.first_chars = {lit[0] for lit in self.literals}
-        self.literal_re = re.compile("|".join(re.escape(lit) for lit in self.literals))
-        self.longest = max(len(lit) for lit in self.literals)
-        self.tool_terminals = {t for (s, t), (n, _) in self.table.items() if n in TOOL_STATES or s in TOOL_STATES}
-        self.reasoning_markup = {THINK_START, THINK_END} if thinking else set()
+        grammar = machine_grammar(thinking)
+        self.table = grammar.table
+        self.literals = grammar.literals
+        self.by_token = grammar.by_token
+        self.prefixes = grammar.prefixes
+        self.first_chars = grammar.first_chars
+        self.literal_re = grammar.literal_re
+        self.longest = grammar.longest
+        self.tool_terminals = grammar.tool_terminals
+        self.reasoning_markup = grammar.reasoning_markup
         self.skip_tools = False
         self.skip_reasoning = False
         self.reset(None)
