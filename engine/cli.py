@@ -108,11 +108,12 @@ def cmd_session(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     script = load_session(args.script)
     kwargs = parse_kwargs(args.kwargs)
-    settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy)
+    settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy, args.engine)
     if args.what_if:
-        if args.engine:
-            raise ExplorerError(f"--what-if {args.what_if} compares template-only sessions; run it without --engine")
-        return _print_what_if(run_what_if(args.what_if, model, script, settings), args.json)
+        result = run_what_if(args.what_if, model, script, settings)
+        if args.engine and not result.engine and not args.json:
+            print(f"# {args.what_if} compares first requests, which no engine changes (nothing parsed yet)")
+        return _print_what_if(result, args.json)
     report = simulate_session(model, script, kwargs=kwargs, block_size=args.block_size,
                               checkpoint_policy=args.checkpoint_policy, history=args.history, engine=args.engine)
     extras: dict[str, int] = {}
@@ -176,7 +177,8 @@ def _print_what_if(result, target: str | None) -> int:
     if target:
         _write_json(result.to_json(), target)
         return 0
-    print(f"# what-if {result.name}: {result.before_label} -> {result.after_label}")
+    through = f" (both through {result.engine})" if result.engine else ""
+    print(f"# what-if {result.name}: {result.before_label} -> {result.after_label}{through}")
     print(f"{'req':>3} {'prompt':>13} {'reused':>13} {'prefill':>13} {'blk reuse':>13} {'hyb reuse':>13}")
     for r in result.requests:
         cells = [(r.prompt_before, r.prompt_after), (r.reusable_before, r.reusable_after),

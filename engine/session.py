@@ -58,6 +58,7 @@ what-ifs run without an engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -824,6 +825,14 @@ class WhatIfResult:
     after: SessionReport | None = None
 
     @property
+    def engine(self) -> str:
+        """The engine both sessions ran through ("vllm 0.33.0"); "" for the template alone or a first-request
+        experiment (no reply has been parsed before a first request, so no engine changes it)."""
+        if self.before is None or self.before.engine is None:
+            return ""
+        return f"{self.before.engine} {self.before.engine_version}".strip()
+
+    @property
     def reusable_before(self) -> int:
         return sum(r.reusable_before for r in self.requests)
 
@@ -846,7 +855,7 @@ class WhatIfResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "title": self.title, "description": self.description,
+            "name": self.name, "title": self.title, "description": self.description, "engine": self.engine or None,
             "before_label": self.before_label, "after_label": self.after_label, "block_size": self.block_size,
             "requests": [r.to_json() for r in self.requests],
             "totals": {"reusable_before": self.reusable_before, "reusable_after": self.reusable_after,
@@ -865,6 +874,7 @@ class SessionSettings:
     kwargs: dict[str, Any] = field(default_factory=dict)
     block_size: int = 16
     checkpoint_policy: str = "prompt-and-generation-end"
+    engine: str | None = None  # both sides of the comparison through this engine (raw, vllm, sglang[@version])
 
 
 @dataclass(frozen=True)
@@ -877,7 +887,7 @@ class WhatIf:
 
 def _simulate(model: LoadedModel, script: SessionScript, settings: SessionSettings, **more: Any) -> SessionReport:
     return simulate_session(model, script, kwargs=settings.kwargs, block_size=settings.block_size,
-                            checkpoint_policy=settings.checkpoint_policy, **more)
+                            checkpoint_policy=settings.checkpoint_policy, engine=settings.engine, **more)
 
 
 def _compare_sessions(before: SessionReport, after: SessionReport) -> tuple[WhatIfRequest, ...]:
@@ -925,8 +935,7 @@ def history_preserving_kwargs(model: LoadedModel, script: SessionScript,
         value = effective.get(kwarg.name)
         if not isinstance(value, bool):
             continue
-        flipped = {**settings.kwargs, kwarg.name: not value}
-        trial = SessionSettings(flipped, settings.block_size, settings.checkpoint_policy)
+        trial = dataclasses.replace(settings, kwargs={**settings.kwargs, kwarg.name: not value})
         if not any(r.breaks for r in _simulate(model, script, trial).rows):
             return {kwarg.name: not value}
     return None
@@ -937,9 +946,12 @@ def _history_kept(model: LoadedModel, script: SessionScript, settings: SessionSe
     before = _simulate(model, script, settings)
     preserving = history_preserving_kwargs(model, script, settings)
     if preserving:
-        after = _simulate(model, script, SessionSettings({**settings.kwargs, **preserving}, settings.block_size,
-                                                          settings.checkpoint_policy))
+        after = _simulate(model, script, dataclasses.replace(settings, kwargs={**settings.kwargs, **preserving}))
         after_label = f"template kwargs {_fmt_kwargs(preserving)}"
+    elif settings.engine is not None:
+        raise ExplorerError(f"history kept through engine {settings.engine}: no single template kwarg keeps "
+                            f"{model.id}'s history, and an append-only history is built from the template alone; "
+                            "run this what-if without an engine")
     else:
         after = _simulate(model, script, settings, history="append")
         # Each prompt is then the previous request's whole sequence plus the new messages and generation prompt.

@@ -25,7 +25,7 @@ import pytest
 from engine.cli import main
 from engine.errors import ExplorerError
 from engine.models import load_model
-from engine.session import break_view, load_session, simulate_session
+from engine.session import SessionSettings, break_view, load_session, run_what_if, simulate_session
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,9 @@ def test_cli_says_how_the_accounting_changes(capsys) -> None:
     (["--engine", "vllm", "--history", "append"],
      "error: engine 'vllm' re-renders every request from the parsed messages, so it cannot keep the history "
      "'append'; use history 'template' with an engine\n"),
-    (["--engine", "raw", "--what-if", "tool-added"],
-     "error: --what-if tool-added compares template-only sessions; run it without --engine\n"),
+    (["--engine", "vllm", "--what-if", "history-kept"],
+     "error: history kept through engine vllm: no single template kwarg keeps qwen3.5's history, and an append-only "
+     "history is built from the template alone; run this what-if without an engine\n"),
 ])
 def test_bad_engine_options_give_one_sentence(capsys, argv: list[str], message: str) -> None:
     assert main(["session", "--model", "qwen3.5", "--script", "handbook", *argv]) == 2
@@ -126,3 +127,38 @@ def test_a_parser_not_emulated_gives_one_sentence(handbook) -> None:
                                             r"\(deepseek_v3: not emulated.*\), so session handbook cannot run "
                                             r"through it$"):
         simulate_session(legacy, handbook, engine="vllm")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_what_ifs_through_an_engine(qwen35, handbook, engine: str) -> None:
+    # Both sides through the engine: each figure is the template-only one (tests/test_session_what_if.py) less the
+    # newline after <|im_end|> that the model never writes, wherever the reuse reached past a reply.
+    settings = SessionSettings(engine=engine)
+    added = run_what_if("tool-added", qwen35, handbook, settings)
+    assert added.engine == {"vllm": "vllm 0.33.0", "sglang": "sglang 0.5.23"}[engine]
+    assert [(r.reusable_before, r.reusable_after) for r in added.requests] == [(0, 0), (579, 216), (879, 942),
+                                                                              (504, 567)]
+    assert (added.prefill_before, added.prefill_after) == (1039, 1465)
+    reordered = run_what_if("tools-reordered", qwen35, handbook, settings)
+    assert [r.reusable_after for r in reordered.requests] == [0, 32, 879, 504]
+    summarised = run_what_if("tool-result-summarised", qwen35, handbook, settings)
+    assert [(r.prompt_after, r.reusable_after, r.prefill_after) for r in summarised.requests] == [
+        (506, 0, 506), (773, 579, 194), (743, 585, 158), (669, 504, 165)]
+    kept = run_what_if("history-kept", load_model("qwen3.6"), handbook, settings)
+    assert kept.after_label == "template kwargs preserve_thinking=true"
+    assert [(r.reusable_before, r.reusable_after) for r in kept.requests][-1] == (504, 944)
+    # A first request has no parsed reply before it: the engine changes nothing there.
+    assert run_what_if("unrelated-sessions", qwen35, handbook, settings).engine == ""
+
+
+def test_what_if_cli_through_an_engine(capsys) -> None:
+    assert main(["session", "--model", "qwen3.5", "--script", "handbook", "--what-if", "tool-added",
+                 "--engine", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# what-if tool-added: the script's tool list, unchanged -> from request 2, tool "
+                          "'get_weather' appended to the list (both through vllm 0.33.0)\n")
+    assert "total reused 1962 -> 1725, prefill 1039 -> 1465" in out
+    assert main(["session", "--model", "qwen3.5", "--script", "handbook", "--what-if", "timestamp-position",
+                 "--engine", "vllm"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "# timestamp-position compares first requests, which no engine changes (nothing parsed yet)\n")
