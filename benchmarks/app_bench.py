@@ -107,7 +107,7 @@ def report_text(r: dict) -> str:
     lines = [
         f"# drift-matrix app bench, {r['date']}, {r['machine']}; load average {r['load_average_before']} -> "
         f"{r['load_average_after']}",
-        f"first view       {r['first_view_s']:8.3f} s  ({r['first_view_caption']}; models loaded in this run)",
+        f"first view       {r['first_view_s']:8.3f} s  (the page says: {r['first_view_caption']})",
         f"re-run, no change  median {r['rerun_median_ms']:.1f} ms",
         f"kwarg toggle       median {r['toggle_median_ms']:.1f} ms, max {r['toggle_max_ms']:.1f} ms over "
         f"{len(r['toggle_ms_by_kwarg'])} models (the first flip: that model's cells recomputed, the rest cached)",
