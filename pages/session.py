@@ -22,6 +22,10 @@ from engine.session import (
 )
 from pages.common import cached_model, describe_error, show_view
 
+# What the page offers for the replies: the template alone, or through an engine (its default version).
+ENGINE_CHOICES: dict[str, str | None] = {"template only": None, "raw split": "raw", "through vLLM": "vllm",
+                                         "through SGLang": "sglang"}
+
 
 def _chart(report: SessionReport) -> go.Figure:
     labels = [f"request {r.index}" for r in report.rows]
@@ -96,17 +100,22 @@ def main() -> None:
     st.caption("One agent task as its chain of requests: what the prefix cache reuses, what must be prefilled, "
                "what is decoded (the handbook's accounting, for your model and template). Click a request that "
                "breaks to see where.")
-    cols = st.columns(4)
+    cols = st.columns(5)
     models = default_model_ids()
     model_id = cols[0].selectbox("Model", models, index=models.index("qwen3.5"), key="session:model")
     script_id = cols[1].selectbox("Script", session_ids(), key="session:script")
-    block = cols[2].number_input("Block size (1 = token-level radix, as SGLang)", 1, 256, 16, key="session:block")
-    policy = cols[3].selectbox("Hybrid checkpoint policy", CHECKPOINT_POLICIES, key="session:policy")
+    engine_choice = cols[2].selectbox("Replies", ENGINE_CHOICES, key="session:engine",
+                                      help="the template alone renders the scripted replies; through an engine, "
+                                           "each reply is written as model output, parsed by the engine and sent "
+                                           "back as a client does, so each sequence is prompt + completion")
+    block = cols[3].number_input("Block size (1 = token-level radix, as SGLang)", 1, 256, 16, key="session:block")
+    policy = cols[4].selectbox("Hybrid checkpoint policy", CHECKPOINT_POLICIES, key="session:policy")
+    engine = ENGINE_CHOICES[engine_choice]
     try:
         with st.spinner("Loading the template and tokenizer…"):
             model = cached_model(model_id)
         script = load_session(script_id)
-        report = simulate_session(model, script, block_size=int(block), checkpoint_policy=policy)
+        report = simulate_session(model, script, block_size=int(block), checkpoint_policy=policy, engine=engine)
     except Exception as err:  # noqa: BLE001 - the page shows the reason; the other pages keep working
         st.error(f"The session cannot be simulated: {describe_error(err)}")
         return
@@ -121,7 +130,7 @@ def main() -> None:
     elif breaking:
         st.info(f"Request(s) {', '.join(map(str, breaking))} reuse less than the whole previous sequence: select one "
                 "in the table to see the break.")
-    _what_if(model, script, SessionSettings(dict(script.kwargs), int(block), policy))
+    _what_if(model, script, SessionSettings(dict(script.kwargs), int(block), policy, engine))
 
 
 main()

@@ -117,6 +117,13 @@ def test_session_page_shows_the_handbook_figures_the_break_and_the_what_ifs(app:
     assert any("request 4 reuses 945 instead of 504, prefills 14 instead of 320" in m for m in markdown)
     app.radio(key="session:what_if").set_value("tools-reordered").run()
     assert any("request 2 reuses 32 instead of 580" in m.value for m in app.markdown)
+    # Through vLLM: each reply is the model's written output, so the sequences lack the template's newline after
+    # <|im_end|> (tests/test_session_engine.py), and the what-if compares both sides through the engine.
+    app.selectbox(key="session:engine").set_value("through vLLM").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert list(app.dataframe[0].value["reused"]) == [0, 579, 879, 504]
+    assert [m.value for m in app.metric] == ["3001", "1039", "1065", "1543"]
+    assert any("request 2 reuses 32 instead of 579" in m.value for m in app.markdown)
 
 
 def test_custom_template_upload_becomes_a_column(app: AppTest) -> None:
