@@ -52,8 +52,9 @@ included. With Qwen3.5 on the handbook the written completion (`reasoning\n</thi
 `<|im_end|>`, after the prompt's `<think>\n`) is byte for byte what the template renders for the latest turn, but
 the template also renders the `\n` after `<|im_end|>`, which the model never generates: each decode is one token
 less and that newline is prefilled by the next request instead of reused. Each row carries the parser's edits of
-its reply (`parse_edits`) and the request side's edits of its prompt (`request_edits`). History "append" and the
-what-ifs run without an engine.
+its reply (`parse_edits`) and the request side's edits of its prompt (`request_edits`). History "append" runs
+without an engine; a what-if runs both its sides through `SessionSettings.engine` (history-kept only when a template
+kwarg keeps the history, since its fallback is the append-only history).
 """
 
 from __future__ import annotations
