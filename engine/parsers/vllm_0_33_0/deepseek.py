@@ -17,7 +17,6 @@ set is `SPECIAL_TOKENS` (the conformance oracle's tokenizer); see its comment.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from functools import cache
 from types import MappingProxyType
 
 from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
+from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
 V4 = "vllm/parser/deepseek_v4.py"
@@ -217,17 +217,6 @@ def _loads_or(value: str, fallback: object) -> object:
         return fallback
 
 
-def tool_properties(tools: list[dict] | None, name: str) -> dict:
-    """utils.py:335-353 find_tool_properties: the declared tool's `properties`, or {}."""
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-        if function.get("name") == name:
-            parameters = function.get("parameters") or {}
-            properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-            return properties if isinstance(properties, dict) else {}
-    return {}
-
-
 def unwrap_wrapper_arguments(arguments: str, tools: list[dict] | None, name: str | None) -> str:
     """deepseek_v4.py:115-143: {"arguments": {...}} / {"input": {...}} around declared keys is unwrapped."""
     if not tools or not name:
@@ -251,153 +240,6 @@ def unwrap_wrapper_arguments(arguments: str, tools: list[dict] | None, name: str
         if isinstance(inner, dict) and set(inner).issubset(allowed):
             return json.dumps(inner, ensure_ascii=False)
     return arguments
-
-
-def schema_types(schema: object) -> set[str]:
-    """utils.py:1080-1123 extract_types_from_schema."""
-    if not isinstance(schema, dict):
-        return {"string"}
-    types: set[str] = set()
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        types.add(declared)
-    elif isinstance(declared, list):
-        types.update(t for t in declared if isinstance(t, str))
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        for value in enum:
-            types.add(_json_type_name(value))
-    for choice_field in ("anyOf", "oneOf", "allOf"):
-        choices = schema.get(choice_field)
-        if isinstance(choices, list):
-            for choice in choices:
-                types.update(schema_types(choice))
-    return types or {"string"}
-
-
-def _json_type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"
-
-
-_TYPE_ALIASES = {
-    **dict.fromkeys(("str", "text", "varchar", "char", "enum"), "string"),
-    **dict.fromkeys(("int", "int32", "int64", "uint", "uint32", "uint64", "long", "short", "unsigned"), "integer"),
-    **dict.fromkeys(("float", "float32", "float64", "double"), "number"),
-    "bool": "boolean",
-    "dict": "object",
-    **dict.fromkeys(("arr", "list", "sequence"), "array"),
-}
-
-
-def _finite(value: object) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-def coerce_string(value: str, types: set[str]) -> tuple[object, bool]:
-    """utils.py:1153-1242 coerce_to_schema_type; the flag says whether a new value came back (the engine tests
-    identity: `coerced is not value`, parser_engine.py:301)."""
-    normalized = {_TYPE_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in types}
-    for candidate in ("null", "integer", "number", "boolean", "object", "array", "string"):
-        if candidate not in normalized:
-            continue
-        if candidate == "null":
-            if value.lower() == "null":
-                return None, True
-            continue
-        if candidate == "string":
-            return value, False
-        if candidate in ("integer", "number"):
-            try:
-                return int(value), True
-            except ValueError:
-                pass
-            if candidate == "integer":
-                continue
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            if not math.isfinite(number):
-                continue
-            return (number if number != int(number) else int(number)), True
-        if candidate == "boolean":
-            lowered = value.lower().strip()
-            if lowered in ("true", "1"):
-                return True, True
-            if lowered in ("false", "0"):
-                return False, True
-            continue
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            continue
-        if _finite(parsed):
-            return parsed, True
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return value, False
-    return (parsed, True) if _finite(parsed) else (value, False)
-
-
-def coerce_value(value: object, schema: dict) -> tuple[object, bool]:
-    """parser_engine.py:292-331 _coerce_value."""
-    if isinstance(value, str):
-        return coerce_string(value, schema_types(schema))
-    if isinstance(value, dict):
-        nested = schema.get("properties")
-        return value, (coerce_mapping(value, nested) if isinstance(nested, dict) else False)
-    if isinstance(value, list):
-        items = schema.get("items")
-        changed = False
-        if isinstance(items, dict):
-            for index, item in enumerate(value):
-                coerced, item_changed = coerce_value(item, items)
-                if item_changed:
-                    value[index] = coerced
-                    changed = True
-        return value, changed
-    coerced, _ = coerce_string(json.dumps(value, ensure_ascii=False), schema_types(schema))
-    if type(coerced) is not type(value) or coerced != value:
-        return coerced, True
-    return value, False
-
-
-def coerce_mapping(arguments: dict, properties: dict) -> bool:
-    """parser_engine.py:333-345 _coerce_dict (in place)."""
-    changed = False
-    for key, value in list(arguments.items()):
-        declared = properties.get(key)
-        if not isinstance(declared, dict):
-            continue
-        coerced, value_changed = coerce_value(value, declared)
-        if value_changed:
-            arguments[key] = coerced
-            changed = True
-    return changed
-
-
-def streamable_string_keys(properties: dict) -> set[str] | None:
-    """parser_engine.py:420-435: keys whose open string value may stream before the value closes."""
-    if not properties:
-        return None
-    return {key for key, schema in properties.items() if schema_types(schema) == {"string"}}
 
 
 _JSON_TOKEN = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)("?)|[{}\[\]:]', re.DOTALL)
@@ -746,7 +588,7 @@ class EngineParser:
         if not isinstance(parsed, dict):
             return arguments
         properties = tool_properties(self.tools, name)
-        if not properties or not coerce_mapping(parsed, properties):
+        if not properties or not coerce_dict(parsed, properties):
             return arguments
         return json.dumps(parsed, ensure_ascii=False)
 

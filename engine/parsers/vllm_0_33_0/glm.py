@@ -22,7 +22,7 @@ from functools import cache
 from types import MappingProxyType
 
 from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, schema_types
+from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
 GLM = "vllm/parser/glm47_moe.py"
@@ -109,13 +109,6 @@ def token_deltas(text: str, chunks: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- schema helpers (tool_parsers/utils.py)
-def tool_properties(tools: list[dict], name: str) -> dict:
-    """find_tool_properties (utils.py:335-353): the declared tool's `properties`, or {}."""
-    schema = tool_schema(tools, name)
-    properties = (schema or {}).get("properties", {}) if isinstance(schema, dict) else {}
-    return properties if isinstance(properties, dict) else {}
-
-
 def declares_tool(tools: list[dict], name: object) -> bool:
     return isinstance(name, str) and tool_schema(tools, name) is not None
 
@@ -292,13 +285,6 @@ def safe_arg_prefix(json_str: str, string_keys: set[str] | None) -> tuple[str, b
     return json_str, True
 
 
-def streamable_string_keys(properties: dict) -> set[str] | None:
-    if not properties:
-        return None
-    return {key for key, schema in properties.items() if set(schema_types(schema)) == {"string"}}
-
-
-# ---------------------------------------------------------------- the engine (lexer + state machine)
 @dataclass
 class Event:
     kind: str

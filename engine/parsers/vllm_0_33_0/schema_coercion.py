@@ -1,6 +1,7 @@
 """vLLM 0.33.0's coercion of tool-call argument values to the request's tool schema, shared by the parser-engine
-families (GLM, Kimi K2): tool_parsers/utils.py (extract_types_from_schema 1080-1123, aliases 1126-1150,
-coerce_to_schema_type 1153-1242) and parser_engine.py (_coerce_value 292-331)."""
+families (GLM, Kimi K2, DeepSeek V4): tool_parsers/utils.py (find_tool_properties 335-353, extract_types_from_schema
+1080-1123, aliases 1126-1150, coerce_to_schema_type 1153-1242) and parser_engine.py (_coerce_value 292-331, the
+streamable string keys 420-435)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,21 @@ def coerce_dict(args: dict, properties: dict) -> bool:
             args[key] = coerced
             changed = True
     return changed
+
+
+def tool_properties(tools: list[dict] | None, name: str) -> dict:
+    """find_tool_properties (utils.py:335-353): the declared tool's `properties`, or {}."""
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        if function.get("name") == name:
+            parameters = function.get("parameters") or {}
+            properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
+            return properties if isinstance(properties, dict) else {}
+    return {}
+
+
+def streamable_string_keys(properties: dict) -> set[str] | None:
+    """parser_engine.py:420-435: keys whose open string value may stream before the value closes (None: no schema)."""
+    if not properties:
+        return None
+    return {key for key, schema in properties.items() if set(schema_types(schema)) == {"string"}}
