@@ -88,12 +88,7 @@ BAD_INPUT_CASES = [
     ("vllm@0.33.0", "", False, (None, None, [], None)),
     ("vllm@0.33.0", "", True, (None, None, [], None)),
     ("vllm@0.33.0", UNBALANCED, False, (None, None, [(VLLM_ID, "get_weather", "{}")], None)),
-    (
-        "vllm@0.33.0",
-        UNBALANCED,
-        True,
-        (None, '<tool_calls><tool_calls><invoke name="get_weather"><parameter name="city" string="true">', [], None),
-    ),
+    ("vllm@0.33.0", UNBALANCED, True, (None, None, [(VLLM_ID, "get_weather", '{"city": "')], None)),
     ("vllm@0.33.0", SURROGATE, False, ("R.", "bad \udcff bytes", [], None)),
     ("vllm@0.33.0", SURROGATE, True, ("R.", "bad \udcff bytes", [], None)),
     ("sglang@0.5.23", GARBAGE, False, (GARBAGE, "", [], None)),
@@ -151,24 +146,19 @@ V32_TEXT = f"R.</think>Hi\n\n<{D}function_calls>\n{WEATHER}\n</{D}function_calls
 @pytest.mark.parametrize(
     ("spec", "names", "stream", "expected"),
     [
-        # the V4 reasoning pass drops the bare ｜DSML｜ of the V3.2 wrapper; the V3.2 tool pass then finds the invoke
+        # ｜DSML｜ is not one of the tokenizer's special tokens, so the V4 reasoning pass keeps the V3.2 wrapper and
+        # the V3.2 tool pass parses the call, whole or streamed (checked against the real parser with the real flags)
         (
             "vllm@0.33.0",
             ("deepseek_v4", "deepseek_v32"),
             False,
-            ("R.", "Hi\n\n<function_calls>\n", [(VLLM_ID, "get_weather", WEATHER_ARGS)], None),
+            ("R.", "Hi\n\n", [(VLLM_ID, "get_weather", WEATHER_ARGS)], None),
         ),
         (
             "vllm@0.33.0",
             ("deepseek_v4", "deepseek_v32"),
             True,
-            (
-                "R.",
-                'Hi\n\n<function_calls>\n<invoke name="get_weather">\n<parameter name="city" string="true">Paris'
-                '</parameter>\n<parameter name="days" string="false">3</parameter>\n</invoke>\n</function_calls>',
-                [],
-                None,
-            ),
+            ("R.", "Hi\n\n", [(VLLM_ID, "get_weather", WEATHER_ARGS)], None),
         ),
         (
             "sglang@0.5.23",
@@ -269,8 +259,11 @@ def test_edits_point_at_the_real_lines() -> None:
         '{"city": "Paris", "days": "3"}',
         WEATHER_ARGS,
     )
-    streamed = parse("vllm@0.33.0", WHOLE_TAGS, True)
-    assert _edit(streamed, "drop_special_token")[1:3] == ("vllm/parser/engine/streaming_parser_engine.py", 415)
+    # Only the tokenizer's special tokens (bos, eos) can be dropped: a stray <｜begin▁of▁sentence｜> is.
+    bos = "<｜begin▁of▁sentence｜>"
+    streamed = parse("vllm@0.33.0", f"R.</think>Hi{bos} there", True, ["R.", "</think>", "Hi", bos, " the", "re"])
+    assert streamed.content == "Hi there"
+    assert _edit(streamed, "drop_special_token")[1:] == ("vllm/parser/engine/streaming_parser_engine.py", 415, bos, "")
     padded = f'R.</think><{D}tool_calls>\n<{D}invoke name="search">\n<{D}parameter name="query" string="true">  x  '
     padded += f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"
     assert _edit(parse("sglang@0.5.23", padded, False), "param_value_strip") == (

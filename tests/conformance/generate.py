@@ -101,6 +101,7 @@ def build_jobs(engine: str) -> list[dict]:
                             "chunks": chunks,
                             "token_ids": token_ids,
                             "special_tokens": family.special_tokens,
+                            "not_special": sorted(family.not_special),
                             "prompt_tail": family.prompt_tail,
                             "model_type": family.model_type,
                             "harmony": family.harmony,

