@@ -87,10 +87,10 @@ EXPECTED_BAD = {
     ("sglang@0.5.23", "unbalanced", True): (None, "</think>", [("<tool_call>search", '{"query": "x"}')]),
     ("sglang@0.5.23", "lone_surrogate", False): ("R.\udcff", "bad \udcff", SURROGATE_CALL),
     ("sglang@0.5.23", "lone_surrogate", True): ("R.\udcff", "bad \udcff", SURROGATE_CALL),
-    ("sglang@0.5.12", "garbage", False): (GARBAGE, "", []),
+    ("sglang@0.5.12", "garbage", False): (GARBAGE, None, []),  # serving_chat.py:1190: "" goes out as null
     # 0.5.12 has no end-of-stream flush: the held "</think" prefix is never released
     ("sglang@0.5.12", "garbage", True): ("\x00\x01 <<<>>> ]]}}{ \ufffd\ufffd <tool_ <arg_ ", None, []),
-    ("sglang@0.5.12", "empty", False): (None, "", []),
+    ("sglang@0.5.12", "empty", False): (None, None, []),
     ("sglang@0.5.12", "empty", True): (None, None, []),
     ("sglang@0.5.12", "unbalanced", False): (None, UNBALANCED[len("</think>") :], []),
     ("sglang@0.5.12", "unbalanced", True): (None, "</think>", [("<tool_call>search", '{"query": "x"}')]),
@@ -117,7 +117,8 @@ def test_one_megabyte_argument(spec: str, stream: bool) -> None:
     started = time.monotonic()
     result = run(spec, CALL_OPEN + value + "</arg_value></tool_call>", stream)
     assert time.monotonic() - started < 60  # hang guard: the real SGLang rescans its buffer on every delta
-    content = None if stream or spec.startswith("vllm") else ""
+    # SGLang 0.5.23 sends an empty non-streamed answer as "", 0.5.12 as null (serving_chat.py:2997 / 1190)
+    content = "" if not stream and spec == "sglang@0.5.23" else None
     assert outcome(result) == ("R.", content, [("search", json.dumps({"query": value}))])
 
 

@@ -195,5 +195,7 @@ def test_bad_input(spec: str, name: str, stream: bool) -> None:
         }[name]
     else:
         reasoning, content, streamed = SGLANG_BAD[name]
+        if spec == "sglang@0.5.12" and content == "":
+            content = None  # serving_chat.py:1190 sends an empty answer as null (0.5.23: "", 2997)
         expected = (reasoning, streamed if stream else content, [])
     assert outcome(result) == (*expected, None)

@@ -32,6 +32,12 @@ def _accumulate_tool_delta(calls: dict[int, dict], index: int, call_id, name, ar
 
 
 # ---------------------------------------------------------------- SGLang
+def _sglang_version() -> tuple[int, ...]:
+    from sglang.version import __version__
+
+    return tuple(int(part) for part in __version__.split(".")[:3])
+
+
 def run_sglang(job: dict) -> dict:
     from sglang.srt.entrypoints.openai.protocol import Tool
     from sglang.srt.function_call.function_call_parser import FunctionCallParser
@@ -77,7 +83,8 @@ def run_sglang(job: dict) -> dict:
                     pass
         return {
             "reasoning": reasoning if reasoning else None,
-            "content": text if text else "",
+            # serving_chat.py: 0.5.23 sends an empty answer as "" (2997), 0.5.12 as null (1190)
+            "content": text if text else ("" if _sglang_version() >= (0, 5, 23) else None),
             "tool_calls": tool_calls,
         }
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from engine.parsers.base import FamilyParser
+import dataclasses
+
+from engine.parsers.base import EditLog, FamilyParser
 from engine.parsers.sglang_0_5_12.deepseek import SglangDeepSeekParser0512
 from engine.parsers.sglang_0_5_12.glm import SglangGlmParser0512
 from engine.parsers.sglang_0_5_12.gpt_oss import SglangGptOssParser0512
 from engine.parsers.sglang_0_5_12.kimi_k2 import SglangKimiK2Parser0512
 from engine.parsers.sglang_0_5_12.qwen3 import SglangQwen3Parser0512
 from engine.parsers.sglang_0_5_23 import SglangEmulation
+from engine.types import ParseResult
+
+SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
 
 
 class Sglang0512Emulation(SglangEmulation):
@@ -20,3 +25,26 @@ class Sglang0512Emulation(SglangEmulation):
         "deepseek": SglangDeepSeekParser0512,
         "gpt_oss": SglangGptOssParser0512,
     }
+
+    def parse(
+        self,
+        text: str,
+        *,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        tools: list[dict] | None = None,
+        stream: bool = False,
+        chunks: list[str] | None = None,
+        chat_template_kwargs: dict | None = None,
+        history_tool_calls: int = 0,
+    ) -> ParseResult:
+        result = super().parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                               stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
+                               history_tool_calls=history_tool_calls)
+        if stream or result.error or result.content != "":
+            return result
+        # serving_chat.py:1190 builds the message with content=text if text else None (0.5.23 sends "", 2997).
+        log = EditLog(self.origin)
+        log.record("empty_content_null", '""', "null", SERVING_CHAT, 1190, None,
+                   "an empty answer is sent as content null, not an empty string")
+        return dataclasses.replace(result, content=None, edits=result.edits + tuple(log.edits))
