@@ -345,6 +345,11 @@ def texts_for(family: Family) -> list[tuple[str, str]]:
     return cases
 
 
+# Cases also run with a request that declares no tools (the matrix's no-tools scenarios send none).
+NO_TOOLS_CASES = ("canonical", "plain_answer", "reasoning_ws", "call_no_content", "parallel_calls",
+                  "truncated_in_reasoning")
+
+
 def chunk(text: str, family: Family, width: int = 4) -> list[str]:
     """Default streaming chunks: each special token alone (as the detokenizer emits it), other text in pieces of
     `width` characters. Always at least one chunk, so an empty output still finishes the stream."""

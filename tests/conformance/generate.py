@@ -84,7 +84,10 @@ def build_jobs(engine: str) -> list[dict]:
     jobs = []
     for family in corpus.FAMILIES.values():
         for reasoning_parser, tool_parser in family.engine_parsers[engine]:
-            for case_name, text in corpus.texts_for(family):
+            variants = [(name, text, corpus.TOOLS) for name, text in corpus.texts_for(family)]
+            variants += [(f"{name}~no_tools", text, None) for name, text in corpus.texts_for(family)
+                         if name in corpus.NO_TOOLS_CASES]
+            for case_name, text, tools in variants:
                 token_ids = harmony_tokens(text) if family.harmony else None
                 chunks = harmony_chunks(token_ids) if family.harmony else corpus.chunk(text, family)
                 for mode in ("ns", "st"):
@@ -95,7 +98,7 @@ def build_jobs(engine: str) -> list[dict]:
                             "case": case_name,
                             "mode": mode,
                             "text": text,
-                            "tools": corpus.TOOLS,
+                            "tools": tools,
                             "reasoning_parser": reasoning_parser,
                             "tool_parser": tool_parser,
                             "chunks": chunks,
@@ -122,6 +125,8 @@ def write_golden(spec: str, jobs: list[dict], results: list[dict], seconds: floa
         families.setdefault(job["family"], []).append(
             {
                 "id": job["id"],
+                # the file's tools unless the case's request declares none
+                **({} if job["tools"] is corpus.TOOLS else {"tools": job["tools"]}),
                 "text": job["text"],
                 "reasoning_parser": job["reasoning_parser"],
                 "tool_parser": job["tool_parser"],

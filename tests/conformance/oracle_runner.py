@@ -263,6 +263,11 @@ def run_vllm(job: dict) -> dict:
         delta = parser.parse_delta(
             chunk, chunk_ids, request, prompt_token_ids=prompt_ids or None, finished=position == len(chunks) - 1
         )
+        if delta is not None and delta.tool_calls and not job["tools"]:
+            # stream_processor.py:84-90: a request without tools keeps no streamed calls (and no empty delta)
+            delta.tool_calls = []
+            if not delta.content and not delta.reasoning:
+                delta = None
         if delta is None:
             continue
         if delta.reasoning:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
@@ -10,6 +11,7 @@ from engine.parsers.vllm_0_33_0.glm import VllmGlmParser
 from engine.parsers.vllm_0_33_0.gpt_oss import VllmGptOssParser
 from engine.parsers.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
 from engine.parsers.vllm_0_33_0.qwen3 import Qwen3EngineParser
+from engine.types import ParseResult
 
 REASONING_FAMILY = {
     "qwen3": "qwen3",
@@ -33,6 +35,8 @@ TOOL_FAMILY = {
     "openai": "gpt_oss",
 }
 PROTOCOL = "vllm/entrypoints/openai/chat_completion/protocol.py"
+ASSEMBLY = "vllm/entrypoints/openai/chat_completion/message_assembly.py"
+STREAM = "vllm/entrypoints/openai/chat_completion/stream_processor.py"
 CHAT_MESSAGE = "vllm/renderers/chat_utils/chat_message.py"
 
 
@@ -48,6 +52,33 @@ class VllmEmulation(EngineEmulation):
         "deepseek": VllmDeepSeekParser,
         "gpt_oss": VllmGptOssParser,
     }
+
+    def parse(
+        self,
+        text: str,
+        *,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        tools: list[dict] | None = None,
+        stream: bool = False,
+        chunks: list[str] | None = None,
+        chat_template_kwargs: dict | None = None,
+        history_tool_calls: int = 0,
+    ) -> ParseResult:
+        result = super().parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                               stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
+                               history_tool_calls=history_tool_calls)
+        if tools or not result.tool_calls:
+            return result
+        # keeps_tool_calls is false without declared tools: the parser still extracted the calls (their markup is
+        # gone from the content), but the message carries none (message_assembly.py:56-59; streamed deltas lose
+        # them in stream_processor.py:84-90).
+        log = EditLog(self.origin)
+        log.record("drop_calls_without_tools", "".join(f"{c.name}({c.arguments})" for c in result.tool_calls), "",
+                   STREAM if stream else ASSEMBLY, 84 if stream else 56, 90 if stream else 59,
+                   "the request declares no tools: parsed calls are dropped, their markup is already gone from the "
+                   "content")
+        return dataclasses.replace(result, tool_calls=(), edits=result.edits + tuple(log.edits))
 
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         log = EditLog(self.origin)

@@ -915,9 +915,6 @@ class VllmDeepSeekParser(FamilyParser):
         for engine in (reasoning_engine, tool_engine):
             if engine is not None:
                 _record_machine_edits(engine.machine, log)
-        if not tools and turn.calls:
-            # message_assembly.py:55-102 (stream_processor.py:84-89 when streaming): calls need declared tools
-            return ParsedTurn(turn.reasoning, turn.content, ())
         return turn
 
     # ---- non-streaming: DelegatingParser.parse (abstract_parser.py:841-855, 391-491)

@@ -949,25 +949,7 @@ class VllmGlmParser(FamilyParser):
         if content is not None and not content.strip():
             content = None
         calls = tuple(ToolCall(i, n, a) for i, n, a in extracted.calls)
-        return ParsedTurn(reasoning, content, self.keep_calls(calls, tools, log, "message_assembly.py", 56, 62))
-
-    @staticmethod
-    def keep_calls(
-        calls: tuple[ToolCall, ...], tools: list[dict], log: EditLog, module: str, line: int, end_line: int
-    ) -> tuple[ToolCall, ...]:
-        """keeps_tool_calls: without declared tools (tool_choice "none") the parsed calls never reach the client."""
-        if tools or not calls:
-            return calls
-        log.record(
-            "drop_calls_without_tools",
-            "".join(f"{c.name}({c.arguments})" for c in calls),
-            "",
-            f"vllm/entrypoints/openai/chat_completion/{module}",
-            line,
-            end_line,
-            "the request declares no tools: parsed calls are dropped, their markup is already gone from the content",
-        )
-        return ()
+        return ParsedTurn(reasoning, content, calls)
 
     # -- streaming: abstract_parser.py:857-1051
     def parse_stream(self, text: str, tools: list[dict], chunks: list[str], log: EditLog) -> ParsedTurn:
@@ -1022,5 +1004,4 @@ class VllmGlmParser(FamilyParser):
                 if caller is not None:
                     out.add(caller.finish_streaming())
         turn = out.turn()
-        calls = self.keep_calls(turn.calls, tools, log, "stream_processor.py", 84, 90)
-        return ParsedTurn(turn.reasoning, turn.content, calls)
+        return ParsedTurn(turn.reasoning, turn.content, turn.calls)

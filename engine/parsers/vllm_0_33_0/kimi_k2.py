@@ -28,7 +28,6 @@ KIMI = "vllm/parser/kimi_k2.py"
 ENGINE = "vllm/parser/engine/parser_engine.py"
 STREAMING = "vllm/parser/engine/streaming_parser_engine.py"
 DELEGATING = "vllm/parser/abstract_parser.py"
-ASSEMBLY = "vllm/entrypoints/openai/chat_completion/message_assembly.py"
 
 THINK_START, THINK_END = "<think>", "</think>"
 SECTION_START, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -742,17 +741,6 @@ class VllmKimiK2Parser(FamilyParser):
                 reasoning, content, calls = self.parse_whole(text, tools, thinking, log)
         except (RequestFails, RecursionError) as error:
             return ParsedTurn(None, None, (), f"vllm 0.33.0 fails the request: {error}")
-        if calls and not tools:
-            log.record(
-                "drop_calls_without_tools",
-                "".join(f"{c.name}({c.arguments})" for c in calls),
-                "",
-                ASSEMBLY,
-                65,
-                100,
-                "the request declares no tools, so the parsed calls are not returned (their markup is gone too)",
-            )
-            calls = []
         return ParsedTurn(reasoning, content, tuple(calls))
 
     def engines(self, thinking: bool, tools: list[dict]) -> tuple[KimiEngine | None, KimiEngine | None]:

@@ -177,8 +177,6 @@ class Qwen3EngineParser(FamilyParser):
 
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
         reasoning, rest = self.split_reasoning(text, log)
-        if not tools:
-            return ParsedTurn(reasoning, rest or None, ())
         start = rest.find(CALL_START)
         if start == -1:
             return ParsedTurn(reasoning, rest or None, ())
