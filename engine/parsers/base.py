@@ -125,14 +125,20 @@ class EngineEmulation(ABC):
         self._check_names(reasoning_parser, tool_parser)
         log = EditLog(self.origin)
         if reasoning_parser is None and tool_parser is None:
-            return ParseResult(reasoning=None, content=text)
+            return self.serve(ParseResult(reasoning=None, content=text), tools=list(tools or []), stream=stream)
         parser = self.family_parser(reasoning_parser, tool_parser)
         parser.chat_template_kwargs = dict(chat_template_kwargs or {})
         parser.history_tool_calls = history_tool_calls
         turn = parser.parse(
             text, list(tools or []), stream, chunks if chunks is not None else default_chunks(text), log
         )
-        return ParseResult(turn.reasoning, turn.content, turn.calls, tuple(log.edits), turn.error)
+        result = ParseResult(turn.reasoning, turn.content, turn.calls, tuple(log.edits), turn.error)
+        return result if result.error else self.serve(result, tools=list(tools or []), stream=stream)
+
+    def serve(self, result: ParseResult, *, tools: list[dict], stream: bool) -> ParseResult:
+        """What the engine's serving layer does to the parsed message before the client gets it (default: nothing);
+        an engine version overrides it, the family parsers never see it."""
+        return result
 
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
         """What the parsers receive of a completion that ended with `stop_token`: engines drop the matched stop token

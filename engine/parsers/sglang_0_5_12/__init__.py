@@ -26,22 +26,8 @@ class Sglang0512Emulation(SglangEmulation):
         "gpt_oss": SglangGptOssParser0512,
     }
 
-    def parse(
-        self,
-        text: str,
-        *,
-        reasoning_parser: str | None,
-        tool_parser: str | None,
-        tools: list[dict] | None = None,
-        stream: bool = False,
-        chunks: list[str] | None = None,
-        chat_template_kwargs: dict | None = None,
-        history_tool_calls: int = 0,
-    ) -> ParseResult:
-        result = super().parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
-                               stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
-                               history_tool_calls=history_tool_calls)
-        if stream or result.error or result.content != "":
+    def serve(self, result: ParseResult, *, tools: list[dict], stream: bool) -> ParseResult:
+        if stream or result.content != "":
             return result
         # serving_chat.py:1190 builds the message with content=text if text else None (0.5.23 sends "", 2997).
         log = EditLog(self.origin)

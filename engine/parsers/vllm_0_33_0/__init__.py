@@ -53,21 +53,7 @@ class VllmEmulation(EngineEmulation):
         "gpt_oss": VllmGptOssParser,
     }
 
-    def parse(
-        self,
-        text: str,
-        *,
-        reasoning_parser: str | None,
-        tool_parser: str | None,
-        tools: list[dict] | None = None,
-        stream: bool = False,
-        chunks: list[str] | None = None,
-        chat_template_kwargs: dict | None = None,
-        history_tool_calls: int = 0,
-    ) -> ParseResult:
-        result = super().parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
-                               stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
-                               history_tool_calls=history_tool_calls)
+    def serve(self, result: ParseResult, *, tools: list[dict], stream: bool) -> ParseResult:
         if tools or not result.tool_calls:
             return result
         # keeps_tool_calls is false without declared tools: the parser still extracted the calls (their markup is
