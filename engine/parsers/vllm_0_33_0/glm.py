@@ -285,6 +285,7 @@ def safe_arg_prefix(json_str: str, string_keys: set[str] | None) -> tuple[str, b
     return json_str, True
 
 
+# ---------------------------------------------------------------- the engine (lexer + state machine)
 @dataclass
 class Event:
     kind: str
