@@ -90,23 +90,29 @@ class RenderLimits:
     @classmethod
     def from_env(cls) -> RenderLimits:
         """The defaults, overridden by DRIFT_RENDER_TIMEOUT_S, _MAX_CHARS, _MAX_DEPTH, _MEMORY_MB, _STARTUP_TIMEOUT_S"""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            name = f"DRIFT_RENDER_{f.name.upper()}"
-            raw = os.environ.get(name)
-            if raw is None or not raw.strip():
-                continue
-            kind = float if f.name.endswith("_s") else int
-            try:
-                values[f.name] = kind(raw)
-            except ValueError:
-                number = "a number" if kind is float else "a whole number"
-                raise ExplorerError(f"environment variable {name} must be {number} greater than 0, got {raw!r}") \
-                    from None
+        values = env_overrides(cls, "DRIFT_RENDER_")
         try:
             return cls(**values)
         except ExplorerError as err:
             raise ExplorerError(f"{err} (from the DRIFT_RENDER_* environment variables)") from None
+
+
+def env_overrides(limits: type, prefix: str) -> dict[str, Any]:
+    """The fields of a limits dataclass set in the environment as PREFIX + FIELD (seconds for names ending _s, whole
+    numbers otherwise); a value that is not a number is one sentence naming the variable."""
+    values: dict[str, Any] = {}
+    for f in fields(limits):
+        name = f"{prefix}{f.name.upper()}"
+        raw = os.environ.get(name)
+        if raw is None or not raw.strip():
+            continue
+        kind = float if f.name.endswith("_s") else int
+        try:
+            values[f.name] = kind(raw)
+        except ValueError:
+            number = "a number" if kind is float else "a whole number"
+            raise ExplorerError(f"environment variable {name} must be {number} greater than 0, got {raw!r}") from None
+    return values
 
 
 class RenderLimitExceeded(RenderError):

@@ -79,20 +79,9 @@ class UploadLimits:
     @classmethod
     def from_env(cls) -> UploadLimits:
         """The defaults, overridden by DRIFT_UPLOAD_MAX_TEXT_BYTES, _MAX_TOKENIZER_BYTES, _LOAD_TIMEOUT_S, ..."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            name = f"DRIFT_UPLOAD_{f.name.upper()}"
-            raw = os.environ.get(name)
-            if raw is None or not raw.strip():
-                continue
-            kind = float if f.name.endswith("_s") else int
-            try:
-                values[f.name] = kind(raw)
-            except ValueError:
-                number = "a number" if kind is float else "a whole number"
-                raise ExplorerError(f"environment variable {name} must be {number} greater than 0, got {raw!r}") \
-                    from None
-        return cls(**values)
+        from engine.sandbox import env_overrides
+
+        return cls(**env_overrides(cls, "DRIFT_UPLOAD_"))
 
     def cap(self, role: str) -> int:
         return self.max_text_bytes if role in TEXT_ROLES else self.max_tokenizer_bytes
