@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -202,3 +203,20 @@ def special_token_starts(text: str, specials: tuple[str, ...]) -> list[tuple[int
             found.append((start, token))
             start = text.find(token, start + len(token))
     return found
+
+
+def special_token_deltas(text: str, chunks: list[str], specials: re.Pattern[str]) -> list[str]:
+    """Streaming deltas: the caller's chunk boundaries, except that a special token (a match of `specials`) is never
+    split and always arrives as a delta of its own (one token per step, as the detokenizer streams it)."""
+    inside = bytearray(len(text) + 1)
+    cuts = {0, len(text)}
+    for match in specials.finditer(text):
+        inside[match.start() + 1 : match.end()] = b"\x01" * (match.end() - match.start() - 1)
+        cuts.update((match.start(), match.end()))
+    position = 0
+    for chunk in chunks:
+        position += len(chunk)
+        if position <= len(text) and not inside[position]:
+            cuts.add(position)
+    ordered = sorted(cuts)
+    return [text[a:b] for a, b in zip(ordered, ordered[1:]) if b > a] or [""]

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, special_token_deltas
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -63,23 +63,6 @@ SPECIAL_TOKENS = (
 SPECIAL_RE = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
 ARG_PAIR_RE = re.compile(r"<arg_key>(.*?)</arg_key>(?:\\n|\s)*<arg_value>(.*?)</arg_value>", re.DOTALL)
 END_RE = re.compile(r"</tool_call>|$")
-
-
-def token_deltas(text: str, chunks: list[str]) -> list[str]:
-    """Streaming deltas: the caller's chunk boundaries, except that a special token is never split and always arrives
-    as a delta of its own."""
-    inside = bytearray(len(text) + 1)
-    cuts = {0, len(text)}
-    for match in SPECIAL_RE.finditer(text):
-        inside[match.start() + 1 : match.end()] = b"\x01" * (match.end() - match.start() - 1)
-        cuts.update((match.start(), match.end()))
-    position = 0
-    for chunk in chunks:
-        position += len(chunk)
-        if position <= len(text) and not inside[position]:
-            cuts.add(position)
-    ordered = sorted(cuts)
-    return [text[a:b] for a, b in zip(ordered, ordered[1:]) if b > a] or [""]
 
 
 def call_spans(text: str) -> list[tuple[int, int]]:
@@ -1353,7 +1336,7 @@ class SglangGlmParser(FamilyParser):
     def parse_stream(self, text: str, detector: GlmDetectorBase | None, chunks: list[str], log: EditLog) -> ParsedTurn:
         reasoner = self.reasoning_class(log) if self.reasoning_parser is not None else None
         out = Accumulated()
-        deltas = token_deltas(text, chunks)
+        deltas = special_token_deltas(text, chunks, SPECIAL_RE)
         for position, delta in enumerate(deltas):
             finished = position == len(deltas) - 1
             if reasoner is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, special_token_deltas, tool_schema
 from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
@@ -88,24 +88,6 @@ def split_special_tokens(text: str) -> list[str]:
     if position < len(text):
         pieces.append(text[position:])
     return pieces
-
-
-def token_deltas(text: str, chunks: list[str]) -> list[str]:
-    """Streaming deltas: the caller's chunk boundaries, except that a special token is never split and always arrives
-    as a delta of its own (one token per step, as the detokenizer streams it)."""
-    inside = bytearray(len(text) + 1)
-    cuts = {0, len(text)}
-    for match in SPECIAL_RE.finditer(text):
-        inside[match.start() + 1 : match.end()] = b"\x01" * (match.end() - match.start() - 1)
-        cuts.update((match.start(), match.end()))
-    position = 0
-    for chunk in chunks:
-        position += len(chunk)
-        if position <= len(text) and not inside[position]:
-            cuts.add(position)
-    ordered = sorted(cuts)
-    deltas = [text[a:b] for a, b in zip(ordered, ordered[1:]) if b > a]
-    return deltas or [""]
 
 
 # ---------------------------------------------------------------- schema helpers (tool_parsers/utils.py)
@@ -964,7 +946,7 @@ class VllmGlmParser(FamilyParser):
         # the prompt ends inside <think> (or has no reasoning parser): reasoning is open at the start (869-882)
         reasoning_ended = reasoner is None or not self.thinking
         tool_text_started = False
-        deltas = token_deltas(text, chunks)
+        deltas = special_token_deltas(text, chunks, SPECIAL_RE)
         for position, delta_text in enumerate(deltas):
             finished = position == len(deltas) - 1
             message: Delta | None = None
