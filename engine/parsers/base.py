@@ -220,3 +220,31 @@ def special_token_deltas(text: str, chunks: list[str], specials: re.Pattern[str]
             cuts.add(position)
     ordered = sorted(cuts)
     return [text[a:b] for a, b in zip(ordered, ordered[1:]) if b > a] or [""]
+
+
+def partial_token_length(text: str, token: str) -> int:
+    """Length of the longest end of `text` that is a proper prefix of `token`: what a streaming detector holds back
+    until the next delta tells whether the token follows (SGLang's _ends_with_partial_token,
+    reasoning_parser.py:311-319)."""
+    for size in range(min(len(text), len(token) - 1), 0, -1):
+        if token.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def schema_properties(schema: object) -> dict:
+    """SGLang's get_schema_properties (function_call/utils.py:307-323): the schema's top-level properties, else those
+    merged from its anyOf/oneOf/allOf branches (first one wins)."""
+    if not isinstance(schema, dict):
+        return {}
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        return properties
+    merged: dict = {}
+    for keyword in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(keyword)
+        if isinstance(branches, list):
+            for branch in branches:
+                for key, value in schema_properties(branch).items():
+                    merged.setdefault(key, value)
+    return merged

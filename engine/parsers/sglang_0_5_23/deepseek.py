@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, partial_token_length, tool_schema
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -70,14 +70,6 @@ class ThinkDetector:
         reasoning, normal = body.split(THINK_END, 1)
         return reasoning, normal
 
-    @staticmethod
-    def _partial_suffix(text: str, token: str) -> int:
-        """reasoning_parser.py:311-319: longest tail of `text` that is a proper prefix of `token`."""
-        for size in range(min(len(text), len(token) - 1), 0, -1):
-            if token.startswith(text[-size:]):
-                return size
-        return 0
-
     def stream(self, new_text: str) -> tuple[str, str]:
         """reasoning_parser.py:224-303 _parse_streaming_increment_impl."""
         self.buffer += new_text
@@ -106,7 +98,7 @@ class ThinkDetector:
             held = [THINK_END] + ([self.tool_start] if self.tool_start else [])
             if not self.stripped_think_start:
                 held.append(THINK_START)
-            holdback = max(self._partial_suffix(current, token) for token in held)
+            holdback = max(partial_token_length(current, token) for token in held)
             self.buffer = current[len(current) - holdback :]
             return current[: len(current) - holdback], ""
         self.buffer = ""

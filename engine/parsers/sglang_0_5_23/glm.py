@@ -16,7 +16,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, special_token_deltas
+from engine.parsers.base import (
+    EditLog,
+    FamilyParser,
+    ParsedTurn,
+    partial_token_length,
+    schema_properties,
+    special_token_deltas,
+)
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -113,32 +120,7 @@ def literal_eval(value: str) -> Any:
         return ast.literal_eval(value)
 
 
-def ends_with_prefix_of(text: str, token: str) -> int:
-    """Length of the longest end of `text` that is a proper prefix of `token` (reasoning_parser.py:311-319)."""
-    for size in range(min(len(text), len(token) - 1), 0, -1):
-        if token.startswith(text[-size:]):
-            return size
-    return 0
-
-
 # ---------------------------------------------------------------- schema type inference (function_call/utils.py)
-def schema_properties(schema: Any) -> dict:
-    """get_schema_properties (utils.py:307-323): top-level properties, else merged from union branches."""
-    if not isinstance(schema, dict):
-        return {}
-    properties = schema.get("properties")
-    if isinstance(properties, dict):
-        return properties
-    merged: dict = {}
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        if isinstance(branches, list):
-            for branch in branches:
-                for key, value in schema_properties(branch).items():
-                    merged.setdefault(key, value)
-    return merged
-
-
 def infer_type(schema: Any, optional_unions: bool = True) -> str | None:
     """infer_type_from_json_schema (utils.py:326-429); `optional_unions`: [T, null] unions resolve to T (0.5.23)."""
     if not isinstance(schema, dict):
@@ -400,7 +382,7 @@ class Glm45Reasoning:
                 self.in_reasoning = False
                 return ReasoningResult(current[:call], current[call:])
             tokens = [THINK_END, BOT] + ([] if self.stripped_think_start else [THINK_START])
-            held = max(ends_with_prefix_of(current, token) for token in tokens)
+            held = max(partial_token_length(current, token) for token in tokens)
             self.buffer = current[len(current) - held :]
             reasoning = current[: len(current) - held]
             if reasoning:

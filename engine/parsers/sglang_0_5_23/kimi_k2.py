@@ -20,7 +20,14 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, keep_special_tokens_whole
+from engine.parsers.base import (
+    EditLog,
+    FamilyParser,
+    ParsedTurn,
+    keep_special_tokens_whole,
+    partial_token_length,
+    schema_properties,
+)
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -80,14 +87,6 @@ def split_pending_start(text: str) -> tuple[str, str]:
         if SECTION_START.startswith(tail) or CALL_START.startswith(tail):
             return text[:-size], tail
     return text, ""
-
-
-def partial_token_length(buffer: str, token: str) -> int:
-    """_ends_with_partial_token (reasoning_parser.py:311-319)."""
-    for size in range(min(len(buffer), len(token) - 1), 0, -1):
-        if token.startswith(buffer[-size:]):
-            return size
-    return 0
 
 
 def is_id_char(char: str) -> bool:
@@ -366,24 +365,6 @@ def tool_function(tool: dict) -> dict:
     return function if isinstance(function, dict) else {}
 
 
-def schema_properties(schema: object) -> dict:
-    """get_schema_properties (function_call/utils.py:307-323)."""
-    if not isinstance(schema, dict):
-        return {}
-    properties = schema.get("properties")
-    if isinstance(properties, dict):
-        return properties
-    merged: dict = {}
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        if isinstance(branches, list):
-            for branch in branches:
-                for key, value in schema_properties(branch).items():
-                    merged.setdefault(key, value)
-    return merged
-
-
-# ---------------------------------------------------------------- reasoning (KimiK2Detector, force_reasoning)
 class KimiReasoning:
     """BaseReasoningFormatDetector with Kimi's tokens (reasoning_parser.py:66-364, 516-557)."""
 
