@@ -136,3 +136,18 @@ def test_sglang_request_side_rejects_invalid_arguments() -> None:
     ]
     prep = get_engine("sglang@0.5.23").prepare_request(good, None)
     assert prep.error is None and prep.messages[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_qwen3_coerces_by_the_shared_schema_rules(stream: bool) -> None:
+    # parser_engine.py:437-462 reads types as extract_types_from_schema does: enum value types and anyOf branches too,
+    # and aliases ("float"). Expected values from the real vLLM 0.33.0 parser (tests/conformance/oracle_runner.py).
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {"type": "object", "properties": {
+        "n": {"enum": [1, 2, 3]}, "m": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "f": {"type": "float"},
+        "o": {"type": "object", "properties": {"k": {"type": "integer"}}}}}}}]
+    text = ("R.\n</think>\n\n<tool_call>\n<function=pick>\n<parameter=n>\n2\n</parameter>\n<parameter=m>\n7\n"
+            "</parameter>\n<parameter=f>\n1.5\n</parameter>\n<parameter=o>\n{\"k\": \"4\"}\n</parameter>\n</function>\n"
+            "</tool_call>")
+    result = get_engine("vllm@0.33.0").parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools,
+                                             stream=stream)
+    assert [c.arguments for c in result.tool_calls] == ['{"n": 2, "m": 7, "f": 1.5, "o": {"k": "4"}}']

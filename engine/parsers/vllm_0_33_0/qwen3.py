@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn, tool_schema
+from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
+from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, tool_properties
 from engine.types import ToolCall
 
 QWEN3 = "vllm/parser/qwen3.py"
@@ -24,50 +25,11 @@ PARAMETER_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
 PARTIAL_PARAMETER_RE = re.compile(r"<parameter=([^>\n]*)>(.*)$", re.DOTALL)
 
 
-def coerce_to_schema_type(value: str, schema_type: str | list[str]) -> object:
-    """Priority null > integer > number > boolean > object/array > string, then a json.loads fallback."""
-    types = {schema_type} if isinstance(schema_type, str) else set(schema_type)
-    types = {t.strip().lower() for t in types}
-    for candidate in ("null", "integer", "number", "boolean", "object", "array", "string"):
-        if candidate not in types:
-            continue
-        if candidate == "null" and value.lower() == "null":
-            return None
-        if candidate == "string":
-            return value
-        if candidate in ("integer", "number"):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-            if candidate == "number":
-                try:
-                    number = float(value)
-                except ValueError:
-                    continue
-                if number == number and abs(number) != float("inf"):
-                    return number if number != int(number) else int(number)
-        if candidate == "boolean":
-            lowered = value.lower().strip()
-            if lowered in ("true", "1"):
-                return True
-            if lowered in ("false", "0"):
-                return False
-        if candidate in ("object", "array"):
-            try:
-                return json.loads(value)
-            except ValueError:
-                continue
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
 def fix_arg_types(name: str, arguments: str, tools: list[dict], log: EditLog) -> str:
-    """Re-serialise the arguments only if coercing a string value to the request's schema changed it."""
-    schema = tool_schema(tools, name)
-    if not schema:
+    """_fix_arg_types (parser_engine.py:437-462): re-serialise the arguments only if coercing a value to the
+    request's schema changed it."""
+    properties = tool_properties(tools, name)
+    if not properties:
         return arguments
     try:
         parsed = json.loads(arguments)
@@ -75,16 +37,7 @@ def fix_arg_types(name: str, arguments: str, tools: list[dict], log: EditLog) ->
         return arguments
     if not isinstance(parsed, dict):
         return arguments
-    properties = schema.get("properties") or {}
-    changed = False
-    for key, value in list(parsed.items()):
-        declared = properties.get(key)
-        if not isinstance(value, str) or not isinstance(declared, dict) or "type" not in declared:
-            continue
-        coerced = coerce_to_schema_type(value, declared["type"])
-        if coerced != value or type(coerced) is not type(value):
-            parsed[key] = coerced
-            changed = True
+    changed = coerce_dict(parsed, properties)
     if not changed:
         return arguments
     fixed = json.dumps(parsed, ensure_ascii=False)
