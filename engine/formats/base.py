@@ -77,9 +77,9 @@ class Completion:
         return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
 
 
-def reasoning_then_close(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
-    """`reasoning</think>` for formats whose canonical output has no newlines around it (GLM, Kimi, DSML);
-    the knobs add them. Returns the text and the reasoning's span."""
+def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`reasoning</think>content` for formats whose canonical output has no newlines around the reasoning (GLM, Kimi,
+    DSML); the knobs add them. Returns the text and the spans of the reasoning and the content."""
     k = turn.knobs
     text = ""
     spans: dict[str, tuple[int, int]] = {}
@@ -91,6 +91,9 @@ def reasoning_then_close(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int,
         text += "\n" * (k.reasoning_newlines_after or 0)
         if k.close_think:
             text += "</think>" + "\n" * (k.newlines_after_think or 0)
+    start = len(text)
+    text += turn.content
+    spans["content"] = (start, len(text))
     return text, spans
 
 

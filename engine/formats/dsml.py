@@ -15,7 +15,7 @@ from engine.formats.base import (
     OutputFormat,
     dump_value,
     finish,
-    reasoning_then_close,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -30,10 +30,7 @@ class DsmlFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text, spans = reasoning_then_close(turn)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_close_content(turn)
         if turn.tool_calls:
             text += f"\n\n<{DSML}tool_calls>\n"
             invokes = []

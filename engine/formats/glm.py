@@ -14,7 +14,7 @@ from engine.formats.base import (
     OutputFormat,
     dump_value,
     finish,
-    reasoning_then_close,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -27,10 +27,7 @@ class GlmFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text, spans = reasoning_then_close(turn)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_close_content(turn)
         for call in turn.tool_calls:
             text += f"<tool_call>{call.name}"
             args_start = len(text)

@@ -15,7 +15,7 @@ from engine.formats.base import (
     OutputFormat,
     dump_arguments,
     finish,
-    reasoning_then_close,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -30,10 +30,7 @@ class KimiK2Format(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text, spans = reasoning_then_close(turn)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_close_content(turn)
         if turn.tool_calls:
             text += "<|tool_calls_section_begin|>"
             for i, call in enumerate(turn.tool_calls):
