@@ -25,17 +25,7 @@ import pytest
 from engine.cli import main
 from engine.errors import ExplorerError
 from engine.models import load_model
-from engine.session import SessionSettings, break_view, load_session, run_what_if, simulate_session
-
-
-@pytest.fixture(scope="module")
-def qwen35():
-    return load_model("qwen3.5")
-
-
-@pytest.fixture(scope="module")
-def handbook():
-    return load_session("handbook")
+from engine.session import SessionSettings, break_view, run_what_if, simulate_session
 
 
 @pytest.mark.parametrize("engine", ["raw", "vllm", "sglang"])

@@ -8,7 +8,6 @@ import pytest
 
 from engine.cli import main
 from engine.errors import ExplorerError
-from engine.models import load_model
 from engine.session import (
     SessionSettings,
     break_view,
@@ -17,16 +16,6 @@ from engine.session import (
     simulate_session,
     what_if_names,
 )
-
-
-@pytest.fixture(scope="module")
-def qwen35():
-    return load_model("qwen3.5")
-
-
-@pytest.fixture(scope="module")
-def handbook():
-    return load_session("handbook")
 
 
 def test_registry_names() -> None:
