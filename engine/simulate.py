@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -20,97 +19,18 @@ from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
-from engine.types import Edit, ParseResult, Provenance, Rendered
+from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
+    Boundary,
+    Cause,
+    CellResult,
+    Edit,
+    ParseResult,
+    PrefixCheck,
+    Provenance,
+    Rendered,
+)
 
 ENGINES = ("vllm", "sglang", "raw", "bridge")
-
-
-@dataclass(frozen=True)
-class PrefixCheck:
-    prev_len: int
-    common: int
-
-    @property
-    def holds(self) -> bool:
-        return self.common == self.prev_len
-
-    def to_json(self) -> dict:
-        return {"prev_len": self.prev_len, "common": self.common, "holds": self.holds}
-
-
-@dataclass(frozen=True)
-class Boundary:
-    index: int  # 1-based request boundary
-    trigger: str  # what the client appended: "tool" or "user"
-    prev_prompt: Rendered
-    completion: Completion
-    completion_ids: tuple[int, ...] | None
-    prev_prompt_ids: tuple[int, ...] | None
-    parse: ParseResult
-    request_edits: tuple[Edit, ...]
-    next_prompt: Rendered
-    next_ids: tuple[int, ...] | None
-    string_prefix: PrefixCheck
-    token_prefix: PrefixCheck | None
-
-    @property
-    def prev_text(self) -> str:
-        return self.prev_prompt.text + self.completion.text
-
-    @property
-    def prev_ids(self) -> tuple[int, ...] | None:
-        if self.prev_prompt_ids is None or self.completion_ids is None:
-            return None
-        return self.prev_prompt_ids + self.completion_ids
-
-    @property
-    def holds(self) -> bool:
-        return self.string_prefix.holds and (self.token_prefix is None or self.token_prefix.holds)
-
-    @property
-    def reused_tokens(self) -> int | None:
-        return self.token_prefix.common if self.token_prefix else None
-
-    @property
-    def prefill_tokens(self) -> int | None:
-        return len(self.next_ids) - self.token_prefix.common if self.token_prefix and self.next_ids else None
-
-
-@dataclass(frozen=True)
-class Cause:
-    stage: str  # parser | template | tokenizer | client
-    kind: str
-    location: str  # path:line[-line]
-    origin: str
-    detail: str
-    fix: dict | None
-    line_text: str = ""
-
-    def to_json(self) -> dict:
-        return {"stage": self.stage, "kind": self.kind, "location": self.location, "origin": self.origin,
-                "detail": self.detail, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class CellResult:
-    model: str
-    scenario: str
-    engine: str
-    engine_version: str
-    kwargs: dict[str, Any]
-    status: str  # holds | breaks | error | unavailable
-    boundaries: tuple[Boundary, ...] = ()
-    cause: Cause | None = None
-    note: str | None = None  # why a cell is error/unavailable, or why token level is missing
-    asset_hashes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def focus(self) -> Boundary | None:
-        """The boundary whose figures the cell shows: the first that breaks, else the last."""
-        for b in self.boundaries:
-            if not b.holds:
-                return b
-        return self.boundaries[-1] if self.boundaries else None
 
 
 def _engine_parts(engine: str) -> tuple[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -160,3 +161,103 @@ class Tokens:
     ids: tuple[int, ...]
     offsets: tuple[tuple[int, int], ...]
     text: str = field(repr=False, default="")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # everything the model emitted, stop token included when it stopped
+    stop_token: str | None  # None when truncated by max_tokens
+    truncated: bool
+
+    @property
+    def parser_text(self) -> str:
+        """What the engine's parsers see: the engine drops the stop token from the returned text."""
+        return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
+
+
+@dataclass(frozen=True)
+class PrefixCheck:
+    prev_len: int
+    common: int
+
+    @property
+    def holds(self) -> bool:
+        return self.common == self.prev_len
+
+    def to_json(self) -> dict:
+        return {"prev_len": self.prev_len, "common": self.common, "holds": self.holds}
+
+
+@dataclass(frozen=True)
+class Boundary:
+    index: int  # 1-based request boundary
+    trigger: str  # what the client appended: "tool" or "user"
+    prev_prompt: Rendered
+    completion: Completion
+    completion_ids: tuple[int, ...] | None
+    prev_prompt_ids: tuple[int, ...] | None
+    parse: ParseResult
+    request_edits: tuple[Edit, ...]
+    next_prompt: Rendered
+    next_ids: tuple[int, ...] | None
+    string_prefix: PrefixCheck
+    token_prefix: PrefixCheck | None
+
+    @property
+    def prev_text(self) -> str:
+        return self.prev_prompt.text + self.completion.text
+
+    @property
+    def prev_ids(self) -> tuple[int, ...] | None:
+        if self.prev_prompt_ids is None or self.completion_ids is None:
+            return None
+        return self.prev_prompt_ids + self.completion_ids
+
+    @property
+    def holds(self) -> bool:
+        return self.string_prefix.holds and (self.token_prefix is None or self.token_prefix.holds)
+
+    @property
+    def reused_tokens(self) -> int | None:
+        return self.token_prefix.common if self.token_prefix else None
+
+    @property
+    def prefill_tokens(self) -> int | None:
+        return len(self.next_ids) - self.token_prefix.common if self.token_prefix and self.next_ids else None
+
+
+@dataclass(frozen=True)
+class Cause:
+    stage: str  # parser | template | tokenizer | client
+    kind: str
+    location: str  # path:line[-line]
+    origin: str
+    detail: str
+    fix: dict | None
+    line_text: str = ""
+
+    def to_json(self) -> dict:
+        return {"stage": self.stage, "kind": self.kind, "location": self.location, "origin": self.origin,
+                "detail": self.detail, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class CellResult:
+    model: str
+    scenario: str
+    engine: str
+    engine_version: str
+    kwargs: dict[str, Any]
+    status: str  # holds | breaks | error | unavailable
+    boundaries: tuple[Boundary, ...] = ()
+    cause: Cause | None = None
+    note: str | None = None  # why a cell is error/unavailable, or why token level is missing
+    asset_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def focus(self) -> Boundary | None:
+        """The boundary whose figures the cell shows: the first that breaks, else the last."""
+        for b in self.boundaries:
+            if not b.holds:
+                return b
+        return self.boundaries[-1] if self.boundaries else None

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from engine.types import ParseResult
+from engine.types import Completion, ParseResult
 
 
 @dataclass(frozen=True)
@@ -63,18 +63,6 @@ def dump_value(value: Any, style: str) -> str:
     if style == "compact":
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return json.dumps(value, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str  # everything the model emitted, stop token included when it stopped
-    stop_token: str | None  # None when truncated by max_tokens
-    truncated: bool
-
-    @property
-    def parser_text(self) -> str:
-        """What the engine's parsers see: the engine drops the stop token from the returned text."""
-        return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
 
 
 def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
