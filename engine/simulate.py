@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import ExplorerError, RenderError
 from engine.formats import Completion, get_format
+from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
@@ -238,7 +239,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             if parsed.error:
                 raise _Failed(f"{emulation.origin}: {parsed.error}", tuple(boundaries))
         else:
-            parsed = fmt.raw_parse(completion.parser_text)
+            parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
         spec_ids = [c.call_id for c in turn.assistant.tool_calls]
         call_ids = [c.id or (spec_ids[i] if i < len(spec_ids) and spec_ids[i] else f"call_{calls_so_far + i}")
                     for i, c in enumerate(parsed.tool_calls)]

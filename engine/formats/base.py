@@ -96,10 +96,19 @@ def finish(text: str, spans: dict[str, tuple[int, int]], knobs: Knobs, stop_toke
     return Completion(text + stop_token, stop_token, False)
 
 
-def split_reasoning(text: str, tool_markers: tuple[str, ...]) -> tuple[str | None, str, str]:
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """Whether the prompt ends inside an open think block (`<think>` with no `</think>` after it), so that the
+    completion starts as reasoning."""
+    return prompt.rfind("<think>") > prompt.rfind("</think>")
+
+
+def split_reasoning(text: str, tool_markers: tuple[str, ...], *, reasoning_open: bool = False
+                    ) -> tuple[str | None, str, str]:
     """Split a completion at `</think>` and at the first tool-call marker: (reasoning, content, tool-call text).
 
-    A tool call with no `</think>` before it ends the reasoning itself; the content is then empty.
+    A tool call with no `</think>` before it ends the reasoning itself; the content is then empty. When the prompt
+    opened the think block (`reasoning_open`) and the text has neither `</think>` nor a tool call, max_tokens cut the
+    reasoning: all of it is reasoning.
     """
     reasoning: str | None = None
     rest = text
@@ -107,6 +116,8 @@ def split_reasoning(text: str, tool_markers: tuple[str, ...]) -> tuple[str | Non
         reasoning, rest = text.split("</think>", 1)
     at = next((i for i in (rest.find(m) for m in tool_markers) if i >= 0), -1)
     if at < 0:
+        if reasoning is None and reasoning_open:
+            return rest, "", ""
         return reasoning, rest, ""
     if reasoning is None:
         return rest[:at], "", rest[at:]
@@ -129,7 +140,8 @@ class OutputFormat:
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         raise NotImplementedError
 
-    def raw_parse(self, text: str) -> ParseResult:
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        """`reasoning_open`: the prompt ended inside an open think block (prompt_opens_reasoning)."""
         raise NotImplementedError
 
 
