@@ -17,11 +17,13 @@ asked to do (turning reasoning off), other versions of the same engine, then the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models import LoadedModel
+from engine.prefix import common_prefix
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
 from engine.types import (
     Boundary,
@@ -40,7 +42,7 @@ from engine.types import (
 )
 
 Rerun = Callable[[Change], Boundary | None]
-MAX_TEMPLATE_CANDIDATES = 80  # constructs tried per break, nearest to the break first
+MAX_TEMPLATE_CANDIDATES = 100  # constructs tried per break, nearest to the break first
 
 
 @dataclass(frozen=True)
@@ -54,17 +56,27 @@ class BlameContext:
 
 @dataclass(frozen=True)
 class _Trial:
-    """One undone change and what the re-run gave: the new common prefix (characters), and whether it holds."""
+    """One undone change and what the re-run gave: the new common prefix (characters), whether it holds, and how many
+    characters of the next prompt the change touched (the smallest change that keeps the prefix is the cause)."""
 
     common: int
     holds: bool
+    change_size: int = 0
 
 
-def _trial(rerun: Rerun, change: Change) -> _Trial | None:
+def _change_size(a: str, b: str) -> int:
+    start = common_prefix(a, b)
+    a, b = a[start:], b[start:]
+    end = common_prefix(a[::-1], b[::-1])
+    return len(a) + len(b) - 2 * end
+
+
+def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _Trial | None:
     boundary = rerun(change)
     if boundary is None:
         return None
-    return _Trial(boundary.string_prefix.common, boundary.string_prefix.holds)
+    size = _change_size(original.next_prompt.text, boundary.next_prompt.text) if original is not None else 0
+    return _Trial(boundary.string_prefix.common, boundary.string_prefix.holds, size)
 
 
 def _prefix_words(boundary: Boundary, trial: _Trial) -> str:
@@ -228,7 +240,8 @@ def _field_differences(parse: ParseResult, written: ParseResult, origin: str) ->
         if value == own or (not value and not own and field == "reasoning"):
             continue
         if field == "content" and value is None and own == "":
-            edit = Edit("content_null", '""', "null", where, "an empty answer is returned as null")
+            edit = next((e for e in edits if e.after == "null"), None) or Edit(
+                "content_null", '""', "null", where, "an empty answer is returned as null")
         else:
             edit = _producing_edit(value or "", own or "", edits, Edit(
                 f"{field}_rewritten", own or "", value or "", where, f"the {field} is not the model's"))
@@ -273,7 +286,7 @@ def _engine_kind(candidate: _EngineCandidate) -> str:
         return "call-lost"
     if field == "id":
         return "call-id-renumbered"
-    if edit.step == "content_null":
+    if edit.after == "null" and edit.before in ('""', ""):
         return "content-null"
     if field in ("arguments", "request") and (edit.before.lstrip().startswith("{") or edit.after.startswith("{")):
         return _arguments_kind(edit.before, edit.after)
@@ -283,9 +296,9 @@ def _engine_kind(candidate: _EngineCandidate) -> str:
         return "reasoning-dropped" if "reasoning" in edit.before else "args-reserialised"
     if edit.before.strip() == edit.after.strip():
         return "reasoning-trimmed" if field == "reasoning" else "whitespace-normalised"
-    if field == "reasoning":
-        return "reasoning-dropped"
-    return "content-dropped"
+    if not edit.after.strip():
+        return "reasoning-dropped" if field == "reasoning" else "content-dropped"
+    return "text-rewritten"
 
 
 def _arguments_kind(before: str, after: str) -> str:
@@ -418,9 +431,9 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
             base = again
     found = _template_counterfactual(base, context, rerun, emit_line)
     if found is not None:
-        trial, found_locations, construct_kind, how = found
+        trial, found_locations, construct_kind, how, whitespace_change = found
         location = found_locations[0]
-        kind = _template_kind(boundary, construct_kind, location)
+        kind = _template_kind(boundary, construct_kind, whitespace_change, _written_fields(boundary, context))
         locations = found_locations if any(_same_place(loc, emit_location) for loc in found_locations) else (
             *found_locations, emit_location)
         return Cause(
@@ -431,7 +444,7 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
             detail=f"at char {at}: previous {_snippet(boundary.prev_text, at)!r} vs next "
                    f"{_snippet(rendered.text, at)!r}; changed by: {location.text}; emitted by: {emit_location.text}",
         )
-    kind = _template_kind(boundary, "output", emit_location)
+    kind = _template_kind(boundary, "output:output", "", _written_fields(boundary, context))
     return Cause(
         stage="template", kind=kind, locations=(emit_location,), changed=changed, fix=None,
         proof="no construct of the template that ran for this message, undone alone, moves the break: the first "
@@ -446,7 +459,7 @@ def _same_place(a: Location, b: Location) -> bool:
 
 
 def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: Rerun, emit_line: int
-                             ) -> tuple[_Trial, tuple[Location, ...], str, str] | None:
+                             ) -> tuple[_Trial, tuple[Location, ...], str, str, str] | None:
     renderer = context.model.renderer
     constructs_of = getattr(renderer, "constructs", None)
     counterfactual = getattr(renderer, "render_counterfactual", None)
@@ -467,33 +480,58 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
         if evaluation.message >= undo_from:
             ran.setdefault(evaluation.construct, []).append(evaluation)
     groups = _candidate_groups(constructs, ran, emit_line)
-    changes = [UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary) for group in groups]
-    # Last, every condition on one template switch (a kwarg such as drop_thinking tested in several places, also
-    # outside any message, e.g. where the history is prepared), undone everywhere together.
+    candidates = [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
+                  for group in groups if group[0].kind != "output"]
+    # Every condition on one template switch (a kwarg such as drop_thinking tested in several places, also outside
+    # any message, e.g. where the history is prepared), undone everywhere: together, and each alone.
     aliases = getattr(renderer, "construct_aliases", dict)()
     for group in _switch_groups(constructs, {e.construct for e in evaluations}, frozenset(context.kwargs), aliases):
-        groups.append(group)
-        changes.append(UndoTemplate(-1, frozenset(c.id for c in group), base=boundary))
-    # An op that printed a value anew (`|tojson`, `to_json`): had it printed the model's own text for each value.
-    for ident in _reprinting_ops(boundary, ran):
-        change = _reprinted_as_written(boundary, rerun, ran, ident, undo_from)
-        if change is None:
-            continue
-        at = next((i for i, g in enumerate(groups) if g and g[0].kind != "op"), len(groups))
-        groups.insert(at, (constructs[ident],))
-        changes.insert(at, change)
+        for part in (group, *((c,) for c in group)) if len(group) > 1 else (group,):
+            candidates.append((part, UndoTemplate(-1, frozenset(c.id for c in part), base=boundary)))
+    # An op that printed a value anew (`|tojson`, `to_json`, a variable set above): had it printed the model's own
+    # text for each value. An output of the template's own markup: had it printed what the model wrote there.
+    for ident in _reprinting_ops(boundary, ran, constructs):
+        change = _reprinted_as_written(boundary, rerun, ran, constructs, ident, undo_from)
+        if change is not None:
+            candidates.append(((constructs[ident],), change))
+    for ident, change in _markup_as_written(boundary, ran, constructs, undo_from):
+        candidates.append(((constructs[ident],), change))
+    # Last, outputs not printed at all.
+    candidates += [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
+                   for group in groups if group[0].kind == "output"]
     lines = renderer.source_lines()
-    best: tuple[_Trial, tuple, UndoTemplate] | None = None
-    for group, change in list(zip(groups, changes))[:MAX_TEMPLATE_CANDIDATES]:
-        trial = _trial(rerun, change)
-        if trial is None or trial.common <= boundary.string_prefix.common:
-            continue
-        if best is None or (trial.holds, trial.common) > (best[0].holds, best[0].common):
-            best = (trial, group, change)
-        if trial.holds:
-            break
-    if best is None:
+    trials = []
+    for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
+        trial = _trial(rerun, change, boundary)
+        if trial is not None and trial.common > boundary.string_prefix.common:
+            trials.append((trial, group, change))
+    if not trials:
         return None
+
+    def rank(item: tuple) -> tuple:
+        trial, group, change = item
+        distance = min(abs(c.line - emit_line) for c in group)
+        # A construct that transforms the model's text, then one printing it anew, then markup printed in place of
+        # what the model wrote, then a branch taken, then an output left out.
+        priority = {"op": 0, "condition": 3, "output": 4}[group[0].kind]
+        if change.substitute:
+            priority = 1 if group[0].kind == "op" or group[0].receiver else 2
+            if all(written.endswith(printed) and len(written) > len(printed)
+                   for _, printed, written in change.substitute):
+                # Only text put before a value that starts at the break: the output before it ended early.
+                priority = 5
+        # Holding first; among those the smallest change to the next prompt, then the construct class, the nearest.
+        return (not trial.holds, trial.change_size if trial.holds else -trial.common, priority, distance)
+
+    ranked = sorted(trials, key=rank)
+    best = ranked[0]
+    if best[2].substitute and best[1][0].kind == "output":
+        # Markup printed in a branch that a condition chose: the condition is the construct, when undoing it holds
+        # as well.
+        line = best[1][0].line
+        best = next((t for t in ranked if t[0].holds and t[1][0].kind == "condition" and not t[2].substitute
+                     and t[1][0].line <= line <= t[1][0].end_line and t[0].change_size <= best[0].change_size),
+                    best)
     trial, group, change = best
     # The construct that ran for the broken message heads a group; a group spread over the file (conditions on one
     # switch) is that construct, then the others as further locations.
@@ -504,12 +542,24 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     source = lines[head.line - 1].strip() if 0 < head.line <= len(lines) else ""
     origin, path = boundary.next_prompt.origin, boundary.next_prompt.source_path
     location = Location(origin, path, first, last if last != first else None, text=text or source)
+    if head.kind == "output" and change.substitute:
+        # A variable printed here was computed by a `set` above: that assignment is the construct.
+        assignments = getattr(renderer, "construct_assignments", dict)()
+        set_lines = [line for name in head.names for line in assignments.get(name, ()) if line <= head.line]
+        if set_lines:
+            line = max(set_lines)
+            set_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            pairs = [(value, written) for _, value, written in change.substitute]
+            return (trial, (Location(origin, path, line, text=set_text), location), "op:set",
+                    f"{head.description} printing the model's own text", _whitespace_change(pairs))
     others = tuple(Location(origin, path, c.line, c.end_line if c.end_line != c.line else None, text=c.description)
                    for c in group if c not in close)
     scope = "everywhere" if change.message == -1 else "from the broken message on"
     how = (f"{location.text} printing the model's own text for {len(change.substitute)} value(s)"
            if change.substitute else " and ".join(c.description for c in group) + f" undone {scope}")
-    return trial, (location, *others), f"{head.kind}:{head.name}", how
+    changes_seen = [(r.before, r.after) for c in group for r in ran.get(c.id, ())
+                    if isinstance(r.before, str) and isinstance(r.after, str) and r.before != r.after]
+    return trial, (location, *others), f"{head.kind}:{head.name}", how, _whitespace_change(changes_seen)
 
 
 def _covering(results: list[str], text: str, at: int) -> tuple[str, int] | None:
@@ -521,22 +571,68 @@ def _covering(results: list[str], text: str, at: int) -> tuple[str, int] | None:
     return None
 
 
-def _reprinting_ops(boundary: Boundary, ran: dict[int, list]) -> list[int]:
-    """Ops whose printed result holds the first differing character of the next prompt."""
+def _printed(construct, runs: list) -> list[str]:
+    """What an op returned, or an output of a variable printed, where it differs from its input."""
+    if construct.kind == "op":
+        return [r.after for r in runs if isinstance(r.after, str) and len(r.after) > 1 and r.before != r.after]
+    if construct.kind == "output" and construct.receiver:  # a bare variable, not markup
+        return [r.before for r in runs if isinstance(r.before, str) and len(r.before) > 1]
+    return []
+
+
+def _reprinting_ops(boundary: Boundary, ran: dict[int, list], constructs) -> list[int]:
+    """Ops (and outputs of variables) whose printed result holds the first differing character of the next prompt."""
     at = boundary.string_prefix.common
-    found = []
+    return [ident for ident, runs in ran.items()
+            if _covering(_printed(constructs[ident], runs), boundary.next_prompt.text, at) is not None]
+
+
+def _written_in_place(prev: str, nxt: str, start: int, printed: str, at: int) -> str | None:
+    """What the model wrote where the next prompt printed `printed` (at `start`, holding or ending at the break `at`):
+    prev[start:end], for the end after which the previous sequence goes on as the next prompt does after `printed`."""
+    after = nxt[start + len(printed):start + len(printed) + 40]
+    best_end, best = None, -1
+    for end in range(at, min(len(prev), at + len(printed) + 8) + 1):
+        score = common_prefix(prev[end:end + 40], after) if after else 0
+        if score > best or (end == len(prev) and best <= 0):
+            best_end, best = end, score
+    if best_end is None or (best <= 0 and best_end != len(prev)):
+        return None
+    return prev[start:best_end]
+
+
+def _markup_as_written(boundary: Boundary, ran: dict[int, list], constructs, undo_from: int
+                       ) -> list[tuple[int, UndoTemplate]]:
+    """Outputs of the template's own markup at the break (holding its first differing character, or ending right
+    before it), each printing instead what the model wrote there, when the two differ by a few characters only."""
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    at = boundary.string_prefix.common
+    found: list[tuple[int, UndoTemplate]] = []
     for ident, runs in ran.items():
-        results = [r.after for r in runs if isinstance(r.after, str) and len(r.after) > 1 and r.before != r.after]
-        if _covering(results, boundary.next_prompt.text, at) is not None:
-            found.append(ident)
+        construct = constructs[ident]
+        if construct.kind != "output" or construct.receiver:
+            continue
+        for run in runs:
+            value = run.before
+            if not isinstance(value, str) or not value:
+                continue
+            starts = [start for start in (nxt.find(value, max(0, at - len(value) + 1)), at - len(value))
+                      if 0 <= start <= at and nxt.startswith(value, start)]
+            if not starts:
+                continue
+            written = _written_in_place(prev, nxt, starts[0], value, at)
+            if written is None or _change_size(value, written) > 16:
+                continue
+            found.append((ident, UndoTemplate(undo_from, substitute=((ident, value, written),), base=boundary)))
+            break
     return found
 
 
-def _reprinted_as_written(boundary: Boundary, rerun: Rerun, ran: dict[int, list], ident: int, undo_from: int,
-                          rounds: int = 8) -> UndoTemplate | None:
+def _reprinted_as_written(boundary: Boundary, rerun: Rerun, ran: dict[int, list], constructs, ident: int,
+                          undo_from: int, rounds: int = 8) -> UndoTemplate | None:
     """Substitute, value by value, the model's own text for what the op printed (from the break to where the two
     sequences agree again), as long as each substitution moves the break on."""
-    results = [r.after for r in ran[ident] if isinstance(r.after, str) and len(r.after) > 1 and r.before != r.after]
+    results = _printed(constructs[ident], ran[ident])
     prev = boundary.prev_text
     substitute: dict[object, str] = {}
     current, change = boundary, None
@@ -546,11 +642,10 @@ def _reprinted_as_written(boundary: Boundary, rerun: Rerun, ran: dict[int, list]
         if covered is None:
             break
         result, start = covered
-        follow = current.next_prompt.text[start + len(result):start + len(result) + 12]
-        end = prev.find(follow, at) if follow else -1
-        if end <= start:
+        written = _written_in_place(prev, current.next_prompt.text, start, result, at)
+        if written is None:
             break
-        substitute[result] = prev[start:end]
+        substitute[result] = written
         attempt = UndoTemplate(undo_from, substitute=tuple((ident, r, t) for r, t in substitute.items()),
                                base=boundary)
         moved = rerun(attempt)
@@ -612,35 +707,59 @@ def _field_text(boundary: Boundary) -> dict[str, str]:
     return fields
 
 
-def _template_kind(boundary: Boundary, construct_kind: str, location: Location) -> str:
+def _template_kind(boundary: Boundary, construct_kind: str, whitespace_change: str,
+                   written: ParseResult | None) -> str:
+    """The kind of a template cause, from the construct (`op:trim`, `condition:if`, `output:output`) and what it did:
+    `whitespace_change` says the op's input and output differ only in whitespace ("trim", "normalise")."""
     prev, nxt = boundary.prev_text, boundary.next_prompt.text
     at = boundary.string_prefix.common
     kind, _, name = construct_kind.partition(":")
-    reasoning = (boundary.parse.reasoning or "").strip()
     reasoning_lost = _reasoning_lost_at_break(boundary)
-    if reasoning_lost and (kind == "condition" or kind == "output"):
+    if reasoning_lost and (kind in ("condition", "output") or name in ("split", "rsplit")):
         return "reasoning-dropped"
     if (boundary.completion.truncated and at >= len(prev) - 1) or _close_inserted(prev, nxt, at):
         return "close-inserted"
-    if kind == "op" and (name in ("tojson", "string") or "json" in name):
-        return "args-reserialised"
+    if _call_id_at_break(boundary, written):
+        return "call-id-renumbered"
     a, b = prev[at:at + 1], nxt[at:at + 1]
-    whitespace_only = (a.isspace() or not a) or (b.isspace() or not b)
+    whitespace_at_break = (a.isspace() or not a) or (b.isspace() or not b)
     if kind == "op":
-        if reasoning and name in ("trim", "strip", "lstrip", "rstrip") and _inside_reasoning(boundary):
+        if name in ("tojson", "string") or "json" in name:
+            return "args-reserialised"
+        if whitespace_change == "trim" and _inside_reasoning(boundary):
             return "reasoning-trimmed"
-        if name in ("trim", "strip", "lstrip", "rstrip"):
+        if whitespace_change:
             return "whitespace-normalised"
-        if reasoning_lost:
-            return "reasoning-dropped"
-        return "content-dropped" if name in ("split", "rsplit") else "whitespace-normalised"
-    if kind == "condition":
-        return "content-dropped"
-    if reasoning_lost:
-        return "reasoning-dropped"
+        if name in ("split", "rsplit"):
+            return "content-dropped"
+        return "text-rewritten"
     if _in_arguments(boundary):
         return "args-reserialised"
-    return "scaffold-changed" if not whitespace_only or not _model_field_at(boundary) else "whitespace-normalised"
+    if kind == "condition" and _model_field_at(boundary):
+        return "whitespace-normalised" if whitespace_at_break else "content-dropped"
+    return "scaffold-changed"
+
+
+def _whitespace_change(pairs: list[tuple[str, str]]) -> str:
+    """"trim" when each (before, after) differs only by whitespace at the ends, "normalise" when only by whitespace,
+    else ""."""
+    if not pairs or any(re.sub(r"\s+", "", a) != re.sub(r"\s+", "", b) for a, b in pairs):
+        return ""
+    trimmed = all(a.strip() == b.strip() and (a.strip() in (a, b) or b.strip() in (a, b) or
+                                              a.lstrip() in (a, b) or a.rstrip() in (a, b)) for a, b in pairs)
+    return "trim" if trimmed else "normalise"
+
+
+def _call_id_at_break(boundary: Boundary, written: ParseResult | None) -> bool:
+    """Whether the model's own tool-call id is at the break in the previous sequence."""
+    at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    text = boundary.completion.text
+    for call in written.tool_calls if written is not None else ():
+        if call.id:
+            start = text.find(call.id)
+            if start >= 0 and start <= at < start + len(call.id):
+                return True
+    return False
 
 
 def _reasoning_lost_at_break(boundary: Boundary) -> bool:
@@ -667,10 +786,10 @@ CLOSE_TAGS = ("</think>", "<|end|>", "<|im_end|>", "<|return|>", "<|call|>", "</
 
 def _close_inserted(prev: str, nxt: str, at: int) -> bool:
     """The next prompt has a close tag at the break (its first characters may be common) that the model did not write
-    there."""
+    there or just after."""
     for tag in CLOSE_TAGS:
         for start in range(max(0, at - len(tag) + 1), at + 1):
-            if nxt.startswith(tag, start) and not prev.startswith(tag, start):
+            if nxt.startswith(tag, start) and tag not in prev[start:start + len(tag) + 8]:
                 return True
     return False
 
@@ -683,12 +802,20 @@ def _inside_reasoning(boundary: Boundary) -> bool:
     return start >= 0 and start - 2 <= at <= start + len(reasoning) + 2
 
 
+ARGUMENT_OPENS = ("<|tool_call_argument_begin|>", "<parameter=", "<arg_key>", "parameter name=", "json<|message|>")
+CALL_CLOSES = ("</tool_call>", "<|tool_call_end|>", "</｜DSML｜invoke>", "<|call|>")
+
+
 def _in_arguments(boundary: Boundary) -> bool:
+    """Whether the break is inside the arguments of a tool call the model wrote (after they opened, before the call
+    closed)."""
     at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
     if at < 0:
         return False
     tail = boundary.completion.text[:at]
-    return any(marker in tail for marker in ("<tool_call>", "<|tool_call_begin|>", "tool_calls>", "to=functions."))
+    opened = max(tail.rfind(marker) for marker in ARGUMENT_OPENS)
+    closed = max(tail.rfind(marker) for marker in CALL_CLOSES)
+    return opened >= 0 and opened > closed
 
 
 def _model_field_at(boundary: Boundary) -> bool:

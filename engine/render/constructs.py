@@ -103,6 +103,11 @@ def describe(node: nodes.Node) -> str:
     return "…"
 
 
+def _names(node: nodes.Node) -> frozenset[str]:
+    """The variables an expression reads (itself included when it is one)."""
+    return frozenset(n.name for n in [node, *node.find_all(nodes.Name)] if isinstance(n, nodes.Name))
+
+
 def _max_line(node: nodes.Node) -> int:
     return max([getattr(node, "lineno", 0) or 0, *(_max_line(child) for child in node.iter_child_nodes())])
 
@@ -111,12 +116,14 @@ class _Rewriter(NodeTransformer):
     def __init__(self) -> None:
         self.constructs: list[Construct] = []
         self.aliases: dict[str, set[str]] = {}  # a `set` variable -> the variables its value reads
+        self.assigned_at: dict[str, list[int]] = {}  # a `set` variable -> the lines that set it
 
     def visit_Assign(self, node: nodes.Assign) -> nodes.Assign:
-        read = {n.name for n in node.node.find_all(nodes.Name)}
+        read = set(_names(node.node))
         for target in [node.target, *node.target.find_all(nodes.Name)]:
             if isinstance(target, nodes.Name):
                 self.aliases.setdefault(target.name, set()).update(read)
+                self.assigned_at.setdefault(target.name, []).append(node.lineno)
         return self.generic_visit(node)
 
     def _new(self, kind: str, name: str, node: nodes.Node, description: str, receiver: str = "",
@@ -130,14 +137,18 @@ class _Rewriter(NodeTransformer):
     def _call(function: str, *args: nodes.Expr, lineno: int) -> nodes.Call:
         return nodes.Call(nodes.Name(function, "load", lineno=lineno), list(args), [], None, None, lineno=lineno)
 
-    def _op(self, node: nodes.Expr, receiver: nodes.Expr, name: str) -> nodes.Expr:
-        ident = self._new("op", name, node, describe(node), describe(receiver))
+    def _op(self, node: nodes.Expr, receiver: nodes.Expr, name: str, description: str, receiver_text: str
+            ) -> nodes.Expr:
+        ident = self._new("op", name, node, description, receiver_text)
         return self._call("drift_op", nodes.Const(ident, lineno=node.lineno), node, receiver, lineno=node.lineno)
 
+    # Descriptions are taken before the children are rewritten, so they read as the template's own source.
     def visit_Filter(self, node: nodes.Filter) -> nodes.Expr:
+        description = describe(node)
+        receiver_text = describe(node.node) if node.node is not None else ""
         node = self.generic_visit(node)
         if node.name in TEXT_FILTERS and node.node is not None:
-            return self._op(node, node.node, node.name)
+            return self._op(node, node.node, node.name, description, receiver_text)
         return node
 
     def visit_Getitem(self, node: nodes.Getitem) -> nodes.Expr:
@@ -145,41 +156,48 @@ class _Rewriter(NodeTransformer):
         call = node.node
         if (isinstance(call, nodes.Call) and isinstance(call.node, nodes.Getattr)
                 and call.node.attr in ("split", "rsplit")):
+            description, receiver_text = describe(node), describe(call.node.node)
             receiver = self.visit(call.node.node)
             call.node.node = receiver
             call.args = [self.visit(a) for a in call.args]
             node.arg = self.visit(node.arg)
-            return self._op(node, receiver, call.node.attr)
+            return self._op(node, receiver, call.node.attr, description, receiver_text)
         return self.generic_visit(node)
 
     def visit_Call(self, node: nodes.Call) -> nodes.Expr:
+        description = describe(node)
+        receiver_text = describe(node.node.node) if isinstance(node.node, nodes.Getattr) else ""
         node = self.generic_visit(node)
         if isinstance(node.node, nodes.Getattr) and node.node.attr in STRING_METHODS:
-            return self._op(node, node.node.node, node.node.attr)
+            return self._op(node, node.node.node, node.node.attr, description, receiver_text)
         return node
 
     def visit_If(self, node: nodes.If) -> nodes.Node:
+        description, names = f"{{% if {describe(node.test)} %}}", _names(node.test)
         node = self.generic_visit(node)
         branches = [*node.body, *node.elif_, *node.else_]
         end = max([node.lineno, *(_max_line(child) for child in branches)])
-        ident = self._new("condition", "if", node, f"{{% if {describe(node.test)} %}}", end_line=end,
-                          names=frozenset(n.name for n in node.test.find_all(nodes.Name)))
+        ident = self._new("condition", "if", node, description, end_line=end, names=names)
         node.test = self._call("drift_if", nodes.Const(ident, lineno=node.lineno), node.test, lineno=node.lineno)
         return node
 
     def visit_CondExpr(self, node: nodes.CondExpr) -> nodes.Expr:
+        description, names = f"… if {describe(node.test)} else …", _names(node.test)
         node = self.generic_visit(node)
-        ident = self._new("condition", "if", node, f"… if {describe(node.test)} else …", end_line=_max_line(node),
-                          names=frozenset(n.name for n in node.test.find_all(nodes.Name)))
+        ident = self._new("condition", "if", node, description, end_line=_max_line(node), names=names)
         node.test = self._call("drift_if", nodes.Const(ident, lineno=node.lineno), node.test, lineno=node.lineno)
         return node
 
     def visit_Output(self, node: nodes.Output) -> nodes.Output:
+        described = [describe(child) for child in node.nodes]
         node = self.generic_visit(node)
         wrapped: list[nodes.Expr] = []
-        for child in node.nodes:
+        for child, description in zip(node.nodes, described):
             value = nodes.Const(child.data, lineno=child.lineno) if isinstance(child, nodes.TemplateData) else child
-            ident = self._new("output", "output", child, describe(child), end_line=child.lineno)
+            # An output of a bare variable names it: what it prints was computed by a `set` above.
+            variable = child.name if isinstance(child, nodes.Name) else ""
+            ident = self._new("output", "output", child, description, variable, end_line=child.lineno,
+                              names=frozenset({variable} - {""}))
             wrapped.append(self._call("drift_out", nodes.Const(ident, lineno=child.lineno), value,
                                       lineno=child.lineno))
         node.nodes = wrapped
@@ -207,6 +225,7 @@ class InstrumentedTemplate:
         tree = rewriter.visit(environment.parse(source))
         self.constructs: tuple[Construct, ...] = tuple(rewriter.constructs)
         self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
+        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
         self._local = threading.local()  # the web app renders from several threads
         environment = environment.overlay()
         environment.globals.update(drift_op=self._op, drift_if=self._if, drift_out=self._out)
@@ -273,7 +292,11 @@ class InstrumentedTemplate:
         message = self._message_if_wanted(run, ident)
         if run.record:
             run.evaluations.append(Evaluation(ident, message, value))
-        return "" if self._undone(run, ident, message) else value
+        if not self._undone(run, ident, message):
+            return value
+        if ident in run.substitute:
+            return run.substitute[ident].get(value, value) if isinstance(value, str) else value
+        return ""
 
 
 class _PythonRewriter(ast.NodeTransformer):
@@ -283,6 +306,7 @@ class _PythonRewriter(ast.NodeTransformer):
     def __init__(self, functions: frozenset[str]) -> None:
         self.constructs: list[Construct] = []
         self.aliases: dict[str, set[str]] = {}
+        self.assigned_at: dict[str, list[int]] = {}
         self._functions = functions  # helpers whose call re-prints a value (e.g. to_json)
 
     def visit_Assign(self, node: ast.Assign) -> ast.Assign:
@@ -291,6 +315,7 @@ class _PythonRewriter(ast.NodeTransformer):
             for name in ast.walk(target):
                 if isinstance(name, ast.Name):
                     self.aliases.setdefault(name.id, set()).update(read)
+                    self.assigned_at.setdefault(name.id, []).append(node.lineno)
         return self.generic_visit(node)
 
     def _new(self, kind: str, name: str, node: ast.AST, description: str, receiver: str = "",
@@ -352,6 +377,7 @@ class InstrumentedModule(InstrumentedTemplate):
         tree = ast.fix_missing_locations(rewriter.visit(ast.parse(source, filename)))
         self.constructs = tuple(rewriter.constructs)
         self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
+        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
         self._local = threading.local()
         self._filename = filename
         self._message_of_frame = message_of_frame

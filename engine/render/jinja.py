@@ -164,6 +164,10 @@ class JinjaRenderer:
         """Each variable the source assigns, with the variables its value reads."""
         return self._instrumented().aliases
 
+    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
+        """Each variable the source assigns, with the lines that assign it."""
+        return self._instrumented().assigned_at
+
     def constructs(self) -> tuple[Construct, ...]:
         """Every construct of the template that can change a message's text (engine.render.constructs)."""
         return self._instrumented().constructs
