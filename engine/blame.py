@@ -6,12 +6,15 @@ runs the simulator itself), and names the one whose undo makes the boundary hold
   - engine: each parser or request-side edit (text edits, and what is not a text edit: a lost call, a renumbered id,
     null for ""), undone in the engine's result or request;
   - client: the scenario's client setting, replaced by a client that echoes everything;
-  - template: each construct the template ran for the message whose rendering broke (a filter or string method on
-    its fields, a condition, an output), undone for that message only (engine.render.constructs).
-The construct is the primary location; the line that emitted the differing character comes second. A break that
-no undo moves is blamed on the emitting construct, and the proof says that nothing else moved it.
-Fix hints are re-run too, and ranked: a switch that keeps the model's text before one that changes what the model is
-asked to do (turning reasoning off), other versions of the same engine, then the append-only bridge.
+  - template: each construct the template (or encoder) ran for the messages whose rendering broke (a filter or string
+    method on their fields, a condition, a re-printed value, markup), undone from the broken message on
+    (engine.render.constructs); conditions on one kwarg also together, everywhere.
+Among the undos that keep the prefix, the smallest change to the next prompt wins. The construct is the primary
+location; the line that emitted the differing character comes second. A break that no undo moves is blamed on the
+emitting construct, and the proof says that nothing else moved it.
+Fix hints are re-run too, and ranked: a switch that keeps the prompt the model answered, the client setting, other
+versions of the same engine, the append-only bridge, and only then a switch that changes what the model is asked to
+do (turning reasoning off), saying so.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from engine.types import (
 
 Rerun = Callable[[Change], Boundary | None]
 MAX_TEMPLATE_CANDIDATES = 100  # constructs tried per break, nearest to the break first
+HOLDING_ENOUGH = 3  # candidates that keep the prefix, found in that order, to choose the cause from
 
 
 @dataclass(frozen=True)
@@ -280,9 +284,11 @@ def _written_fields(boundary: Boundary, context: BlameContext) -> ParseResult | 
                          reasoning_open=prompt_opens_reasoning(boundary.prev_prompt.text))
 
 
-def _engine_kind(candidate: _EngineCandidate) -> str:
+def _engine_kind(candidate: _EngineCandidate, written: ParseResult | None) -> str:
     edit, field = candidate.edit, candidate.field
-    if field == "calls":
+    lost_call = field == "content" and written is not None and any(
+        call.name and call.name in edit.before and call.name not in edit.after for call in written.tool_calls)
+    if field == "calls" or lost_call:
         return "call-lost"
     if field == "id":
         return "call-id-renumbered"
@@ -317,21 +323,18 @@ def _arguments_kind(before: str, after: str) -> str:
 def _engine_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
     if context.engine in ("raw", "bridge"):
         return None
-    candidates = _engine_candidates(boundary, context)
-    best: tuple[_Trial, _EngineCandidate] | None = None
-    for candidate in candidates:
-        trial = _trial(rerun, candidate.change)
-        if trial is None or trial.common <= boundary.string_prefix.common:
-            continue
-        if best is None or (trial.holds, trial.common) > (best[0].holds, best[0].common):
-            best = (trial, candidate)
-        if trial.holds:
-            break
-    if best is None:
+    trials = []
+    for candidate in _engine_candidates(boundary, context):
+        trial = _trial(rerun, candidate.change, boundary)
+        if trial is not None and trial.common > boundary.string_prefix.common:
+            trials.append((trial, candidate))
+    if not trials:
         return None
-    trial, candidate = best
+    # Holding first; among those the smallest change to the next prompt, then the engine's own order of steps.
+    trial, candidate = min(trials, key=lambda t: (not t[0].holds, t[0].change_size if t[0].holds else -t[0].common,
+                                                  t[1].order))
     edit = candidate.edit
-    kind = _engine_kind(candidate)
+    kind = _engine_kind(candidate, _written_fields(boundary, context))
     at = boundary.string_prefix.common
     loc = edit.location
     return Cause(
@@ -502,10 +505,14 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                    for group in groups if group[0].kind == "output"]
     lines = renderer.source_lines()
     trials = []
+    holding = 0
     for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
+            holding += trial.holds
+            if holding >= HOLDING_ENOUGH:
+                break  # enough that keep the prefix to choose the smallest from
     if not trials:
         return None
 

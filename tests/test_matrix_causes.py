@@ -111,3 +111,40 @@ def test_no_hint_changes_what_the_model_is_asked_where_something_else_fixes_it(b
         for engine in ("raw", "vllm", "sglang"):
             fix = run_cell(model, "next-user-turn", engine).cause.fix
             assert (fix.kind, fix.kwarg, fix.changes_behaviour) == ("kwarg", kwarg, False), (model, engine, fix)
+
+
+@pytest.mark.parametrize(("model", "scenario", "line", "find", "replace"), [
+    # GLM strips the newline the model wrote after </think>: without the strip, the prefix holds.
+    ("glm-5.1", "newline-after-think", 80, "content.strip()", "content"),
+    # Qwen3.6 drops history reasoning by the condition at line 100: always true, the prefix holds.
+    ("qwen3.6", "next-user-turn", 100, "(loop.index0 > ns.last_query_index)", "true"),
+    # Kimi K2.6 moves turns before the last answer into the history without reasoning (line 43).
+    ("kimi-k2.6", "no-tools-next-user", 43, "if not preserve_thinking", "if false"),
+])
+def test_a_template_cause_re_derived_with_transformers(model: str, scenario: str, line: int, find: str,
+                                                       replace: str) -> None:
+    """Independently of the instrumented renderer: edit the blamed construct out of the template's source and let
+    transformers' own apply_chat_template render the next request; the previous prompt + completion is then a
+    prefix of it."""
+    from engine.models import special_token_vars
+    from engine.render.jinja import JinjaRenderer
+
+    cell = run_cell(model, scenario, "raw")
+    cause = cell.cause
+    assert cause.locations[0].line <= line <= (cause.locations[0].end_line or cause.locations[0].line)
+    stock = load_model(model)
+    lines = stock.renderer.source_lines()
+    span = range(cause.locations[0].line - 1, cause.locations[0].end_line or cause.locations[0].line)
+    edited = [text.replace(find, replace) if number in span else text for number, text in enumerate(lines)]
+    assert edited != lines
+    renderer = JinjaRenderer("\n".join(edited), model=model, source_path="edited.jinja",
+                             special_tokens=special_token_vars(stock.spec))
+    boundary = cell.focus
+    request = boundary.next_request
+    reference = renderer.render_reference(request.messages, request.tools,
+                                          add_generation_prompt=request.add_generation_prompt, kwargs=request.kwargs)
+    stock_reference = stock.renderer.render_reference(request.messages, request.tools,
+                                                      add_generation_prompt=request.add_generation_prompt,
+                                                      kwargs=request.kwargs)
+    assert not stock_reference.startswith(boundary.prev_text)
+    assert reference.startswith(boundary.prev_text)
