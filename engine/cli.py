@@ -271,8 +271,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from engine.check import check_template
 
     report = check_template(args.model, Path(args.template), args.engine)
-    print(report.text)
-    return 1 if report.breaks else 0
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report.text)
+    return 1 if report.failed else 0
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
@@ -402,7 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="exit 1 when any scenario breaks PRR with this template (for CI)")
     check.add_argument("--model", required=True)
     check.add_argument("--template", required=True)
-    check.add_argument("--engine", default="raw")
+    check.add_argument("--engine", default="raw", help="raw (default: the template alone), bridge, vllm, sglang or "
+                       "engine@version")
+    check.add_argument("--json", metavar="PATH|-", help="the report as JSON: counts and every cell as in matrix --json")
     check.set_defaults(func=cmd_check)
 
     parse = sub.add_parser("parse", help="what an engine's parsers return for a model output, with every edit")

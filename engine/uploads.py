@@ -165,7 +165,7 @@ def validate_upload(base_model: str, files: dict[str, tuple[str, bytes]], *, lim
         name, data = files["chat_template"]
         template_source, template_name = decode_text(bytes(data), name), name
 
-    prompt = _probe_prompt(base_model, spec, template_source, template_name, special_tokens, render_limits)
+    prompt = probe_prompt(base_model, spec, template_source, template_name, special_tokens, render_limits)
     if "tokenizer" in files or "tiktoken" in files:
         role = "tokenizer" if "tokenizer" in files else "tiktoken"
         name, data = files[role]
@@ -279,9 +279,11 @@ def _json_kind(value: Any) -> str:
         type(value), "a number")
 
 
-def _probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str | None,
-                  special_tokens: dict[str, str], render_limits: RenderLimits | None) -> str:
-    """The first request of the probe scenario as the upload's template renders it (the base's without one)."""
+def probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str | None,
+                 special_tokens: dict[str, str], render_limits: RenderLimits | None, *,
+                 label: str | None = None) -> str:
+    """The first request of the probe scenario (the basic conversation) as the upload's template renders it (the
+    base's without one); UploadError, one sentence, when it cannot be rendered or renders nothing."""
     from engine.models import load_model
     from engine.sandbox import RenderLimitExceeded, SandboxedRenderer, TemplateSyntaxProblem
     from engine.scenario import load_scenario
@@ -298,7 +300,7 @@ def _probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: st
         return renderer.render(messages, scenario.tools, add_generation_prompt=True, kwargs=kwargs).text
     assert name is not None
     try:
-        renderer = SandboxedRenderer(source, model=f"{base_model} (upload)", source_path=name,
+        renderer = SandboxedRenderer(source, model=label or f"{base_model} (upload)", source_path=name,
                                      special_tokens=special_tokens, limits=render_limits)
         text = renderer.render(messages, scenario.tools, add_generation_prompt=True, kwargs=kwargs).text
     except TemplateSyntaxProblem as err:
