@@ -346,7 +346,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    # `drift-matrix` (the installed command) or `python -m engine`: the same CLI, named as it was started.
+    started_as = Path(sys.argv[0]).name
+    prog = "python -m engine" if started_as in ("__main__.py", "-m", "") else started_as
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     render = sub.add_parser("render", help="render a conversation with a model's real template, with provenance")
