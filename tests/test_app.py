@@ -107,6 +107,7 @@ def test_session_page_shows_the_handbook_figures_the_break_and_the_what_ifs(app:
     table = app.dataframe[0].value
     assert list(table["prompt"]) == [506, 773, 898, 824]
     assert list(table["reused"]) == [0, 580, 880, 504]
+    assert list(table["decode"]) == ["74", "107", "47", "…"]  # the last reply is not scripted: "…", not None
     app.session_state["session:table"] = {"selection": {"rows": [3], "columns": [], "cells": []}}
     app.run()
     markdown = [m.value for m in app.markdown]
@@ -152,3 +153,10 @@ def test_a_hostile_upload_is_refused_with_its_reason_and_the_app_keeps_working(a
     assert len(app.error) == 1 and "broken.jinja" in app.error[0].value
     app.switch_page("pages/matrix.py").run()
     assert app.dataframe[0].value.loc["tool-call", "qwen3.6"] == "✓"
+
+
+def test_session_page_gpt_oss_decode_is_never_negative(app: AppTest) -> None:
+    app.switch_page("pages/session.py").run()
+    app.selectbox(key="session:model").set_value("gpt-oss").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert list(app.dataframe[0].value["decode"]) == ["76", "103", "52", "…"]
