@@ -198,3 +198,28 @@ def user_kwargs(model: LoadedModel) -> dict[str, Any]:
         if value != kwarg.default:
             out[kwarg.name] = value
     return out
+
+
+def workspace_root() -> str:
+    """The uploads folder of this browser session ($DRIFT_WORKSPACE or the default; the Custom page can change it)."""
+    if "workspace_root" not in st.session_state:
+        from engine.workspace import default_root
+
+        st.session_state.workspace_root = str(default_root())
+    return st.session_state.workspace_root
+
+
+def init_custom_columns() -> None:
+    """Once per browser session, on whichever page opens first: every stored upload is a matrix column again
+    (after a refresh or a restart); the Custom page can hide one."""
+    if "custom_columns" in st.session_state:
+        return
+    st.session_state.custom_columns = {}
+    try:
+        from engine.workspace import Workspace
+
+        listing = Workspace(workspace_root()).list()
+    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
+        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
+        return
+    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}

@@ -5,13 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.models import default_model_ids, load_spec
-from engine.workspace import Workspace, default_root
-from pages.common import describe_error
-
-
-def _workspace() -> Workspace:
-    root = st.session_state.setdefault("workspace_root", str(default_root()))
-    return Workspace(root)
+from engine.workspace import Workspace
+from pages.common import describe_error, init_custom_columns, workspace_root
 
 
 def _upload_form(workspace: Workspace) -> None:
@@ -41,7 +36,7 @@ def _upload_form(workspace: Workspace) -> None:
         except Exception as err:  # noqa: BLE001 - every rejection is shown as its sentence; nothing else is lost
             st.error(describe_error(err))
             return
-    st.session_state.setdefault("custom_columns", {})[upload.id] = (upload.label, upload.base_model)
+    st.session_state.custom_columns[upload.id] = (upload.label, upload.base_model)
     st.success(f"Stored as {upload.id[:12]} in {workspace.root}; it is now a column next to {upload.base_model} "
                "in the matrix.")
 
@@ -58,7 +53,7 @@ def _listing(workspace: Workspace) -> None:
     if not uploads:
         st.info("No uploads yet.")
         return
-    shown = st.session_state.setdefault("custom_columns", {})
+    shown = st.session_state.custom_columns
     for upload in uploads:
         with st.container(border=True):
             cols = st.columns([5, 2, 1])
@@ -82,10 +77,11 @@ def main() -> None:
     st.title("Custom templates")
     st.caption("Your template runs in a sandboxed worker process with time, output, recursion and memory limits. "
                "Uploads are validated, stored by content hash and kept across restarts.")
-    root = st.text_input("Workspace folder", value=st.session_state.get("workspace_root", str(default_root())),
-                         help="Set DRIFT_WORKSPACE to change the default.")
+    # The matrix's columns are the stored uploads, whichever page this browser session opened first.
+    init_custom_columns()
+    root = st.text_input("Workspace folder", value=workspace_root(), help="Set DRIFT_WORKSPACE to change the default.")
     st.session_state.workspace_root = root
-    workspace = _workspace()
+    workspace = Workspace(root)
     _upload_form(workspace)
     st.subheader("Stored uploads")
     _listing(workspace)

@@ -20,10 +20,12 @@ from pages.common import (
     LEGEND,
     cached_model,
     describe_error,
+    init_custom_columns,
     kwarg_state_key,
     show_cell,
     status_style,
     user_kwargs,
+    workspace_root,
 )
 
 INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35
@@ -137,7 +139,7 @@ def _columns(models: list[str], view: str) -> list[Column]:
 def _run(column: Column, scenario: str, kwargs: dict) -> CellResult:
     if column.upload_id is None:
         return run_cell(column.model_id, scenario, column.engine, kwargs)
-    return _custom_cell(column.upload_id, _workspace_root(), scenario, column.engine,
+    return _custom_cell(column.upload_id, workspace_root(), scenario, column.engine,
                         json.dumps(kwargs, sort_keys=True))
 
 
@@ -165,7 +167,7 @@ def main() -> None:
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
     _init_from_url()
-    _init_custom_columns()
+    init_custom_columns()
     models, scenarios, view = _sidebar(default_model_ids())
     if not models or not scenarios:
         st.info("Pick at least one model and one scenario in the sidebar.")
@@ -263,8 +265,8 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         scenario = load_scenario(selected["scenario"]).id
         upload = selected.get("upload")
         if upload:
-            model = _custom_model(upload, _workspace_root())
-            cell = _custom_cell(upload, _workspace_root(), scenario, selected["engine"],
+            model = _custom_model(upload, workspace_root())
+            cell = _custom_cell(upload, workspace_root(), scenario, selected["engine"],
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
@@ -292,30 +294,6 @@ def _write_url() -> None:
             params["upload"] = selected["upload"]
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
-
-
-def _init_custom_columns() -> None:
-    """After a refresh or a restart, every stored upload is a column again (the custom page can hide it)."""
-    if "custom_columns" in st.session_state:
-        return
-    st.session_state.custom_columns = {}
-    try:
-        from engine.workspace import Workspace
-
-        listing = Workspace(_workspace_root()).list()
-    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the matrix down
-        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
-        return
-    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
-
-
-def _workspace_root() -> str:
-    """Read only when a custom column is shown, so the stock matrix never touches the workspace."""
-    if "workspace_root" not in st.session_state:
-        from engine.workspace import default_root
-
-        st.session_state.workspace_root = str(default_root())
-    return st.session_state.workspace_root
 
 
 main()

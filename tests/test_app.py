@@ -160,3 +160,17 @@ def test_session_page_gpt_oss_decode_is_never_negative(app: AppTest) -> None:
     app.selectbox(key="session:model").set_value("gpt-oss").run()
     assert not app.exception, [e.value for e in app.exception]
     assert list(app.dataframe[0].value["decode"]) == ["76", "103", "52", "…"]
+
+
+def test_custom_page_opened_first_keeps_the_stored_uploads_as_columns(tmp_path, monkeypatch) -> None:
+    from engine.workspace import Workspace
+
+    source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
+    upload = Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("mine.jinja", source)}, "mine")
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/custom_templates.py").run()  # a browser session whose first page is Custom templates
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.checkbox(key=f"show:{upload.id}").value is True
+    at.switch_page("pages/matrix.py").run()
+    assert "qwen3.5+mine" in at.dataframe[0].value.columns
