@@ -374,9 +374,10 @@ def _cell_text(text: str) -> str:
 def matrix_markdown(cells: list[CellResult]) -> str:
     """The matrix as a table (a row per scenario, a column per model × engine), then each cause with its fix."""
     models = list(dict.fromkeys(c.model for c in cells))
-    engines = list(dict.fromkeys(c.engine for c in cells))
+    # Keyed by engine@version: two versions of one engine are two columns, each header naming its version.
+    engines = list(dict.fromkeys(engine_spec(c) for c in cells))
     scenarios = list(dict.fromkeys(c.scenario for c in cells))
-    by_key = {(c.scenario, c.model, c.engine): c for c in cells}
+    by_key = {(c.scenario, c.model, engine_spec(c)): c for c in cells}
     header = "| scenario | " + " | ".join(f"{m} {e}" for m in models for e in engines) + " |"
     rule = "|---" * (1 + len(models) * len(engines)) + "|"
     rows = [header, rule]

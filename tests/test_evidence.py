@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -153,3 +154,15 @@ def test_cli_export_then_replay(tmp_path) -> None:
                           text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"{out}: 1 cell(s) recomputed; still matches"
+
+
+def test_matrix_markdown_has_a_column_per_engine_version() -> None:
+    from engine.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["matrix", "--models", "qwen3.6", "--scenarios", "tool-call", "--engines",
+                     "sglang,sglang@0.5.12,raw"]) == 0
+    assert out.getvalue().splitlines()[:3] == [
+        "| scenario | qwen3.6 sglang@0.5.23 | qwen3.6 sglang@0.5.12 | qwen3.6 raw |", "|---|---|---|---|",
+        "| tool-call | ✓ | ✓ | ✓ |"]
