@@ -23,7 +23,7 @@ from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import SCENARIOS_DIR, load_scenario, preamble_library
-from engine.simulate import Boundary, Cause, CellResult, run_cell
+from engine.simulate import Boundary, Cause, CellResult, run_cell, run_cell_with
 from engine.tokenize import Tokenizer
 from engine.types import Rendered, Tokens
 
@@ -278,8 +278,62 @@ def engine_spec(cell: CellResult) -> str:
     return f"{cell.engine}@{cell.engine_version}" if cell.engine_version else cell.engine
 
 
-def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8) -> dict:
-    """Everything needed to reproduce and show one cell."""
+def upload_json(workspace_root: str | Path, upload_id: str) -> dict:
+    """What replaying a custom-template cell needs: the base model, the label, and each uploaded file with its
+    sha256; the template and tokenizer_config.json with their text (a tokenizer file only by name and hash: replay
+    reads it from the workspace, as it may be 50 MB)."""
+    from engine.uploads import TEXT_ROLES
+    from engine.workspace import Workspace
+
+    workspace = Workspace(workspace_root)
+    upload = workspace.get(upload_id)
+    files = {}
+    for stored in upload.files:
+        entry = {"name": stored.name, "sha256": stored.sha256}
+        if stored.role in TEXT_ROLES:
+            entry["text"] = workspace.read_file(upload, stored.role).decode("utf-8")
+        files[stored.role] = entry
+    return {"id": upload.id, "base_model": upload.base_model, "label": upload.label, "files": files}
+
+
+def upload_model(upload: dict, where: str) -> LoadedModel:
+    """The custom model an evidence file describes, validated and rebuilt in a temporary workspace (a tokenizer
+    file is taken, by its sha256, from the uploads in $DRIFT_WORKSPACE)."""
+    import tempfile
+
+    from engine.workspace import Workspace, default_root
+
+    try:
+        base, label, described = upload["base_model"], upload["label"], upload["files"]
+        files: dict[str, tuple[str, bytes]] = {}
+        for role, entry in described.items():
+            if "text" in entry:
+                files[role] = (entry["name"], entry["text"].encode("utf-8"))
+                continue
+            data = _stored_file(Workspace(default_root()), entry["sha256"])
+            if data is None:
+                raise ExplorerError(f"{where}: the upload's {entry['name']} (sha256 {entry['sha256'][:12]}…) is not "
+                                    f"in the evidence and not in the workspace {default_root()}: upload it there to "
+                                    "replay this cell")
+            files[role] = (entry["name"], data)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ExplorerError(f"{where}: the evidence's upload is malformed: missing {err}") from err
+    with tempfile.TemporaryDirectory(prefix="drift-replay-") as folder:
+        workspace = Workspace(folder)
+        return workspace.load_model(workspace.add(base, files, label).id)
+
+
+def _stored_file(workspace, sha256: str) -> bytes | None:
+    for stored_upload in workspace.list().uploads:
+        for stored in stored_upload.files:
+            if stored.sha256 == sha256:
+                return workspace.read_file(stored_upload, stored.role)
+    return None
+
+
+def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8, upload: dict | None = None) -> dict:
+    """Everything needed to reproduce and show one cell (`upload`: upload_json of a custom-template cell's upload,
+    so that the evidence carries the template it ran)."""
     focus = _focus_break(cell)
     boundaries = []
     for b in cell.boundaries:
@@ -303,6 +357,7 @@ def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8) -> dic
         "result": cell_json(cell),
         "boundaries": boundaries,
         "break": _view_json(break_view(model, focus, context)) if focus else None,
+        **({"upload": upload} if upload is not None else {}),
     }
 
 
@@ -524,7 +579,8 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
         model_id, scenario_id, engine, kwargs = repro["model"], repro["scenario"], repro["engine"], repro["kwargs"]
     except (KeyError, TypeError) as err:
         raise ExplorerError(f"{where}: not drift evidence: missing {err}") from err
-    model = load_model(model_id)
+    upload = evidence.get("upload")
+    model = upload_model(upload, where) if upload is not None else load_model(model_id)
     diffs = []
     for name, digest in evidence.get("asset_hashes", {}).items():
         now = model.asset_hashes.get(name)
@@ -535,8 +591,9 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
         diffs.append(f"{where}: scenario file {scenario_now['source']} changed since the export")
     if scenario_now.get("preamble") != evidence.get("scenario", {}).get("preamble"):
         diffs.append(f"{where}: the scenario's preamble in scenarios/preambles.yaml changed since the export")
-    cell = run_cell(model_id, scenario_id, engine, kwargs)
-    now = cell_evidence(cell, model)
+    cell = run_cell_with(model, scenario_id, engine, kwargs) if upload is not None else \
+        run_cell(model_id, scenario_id, engine, kwargs)
+    now = cell_evidence(cell, model, upload=upload)
     label = f"{where} ({model_id} × {scenario_id} × {engine})"
     for key in _COMPARED:
         if now["result"][key] != evidence["result"].get(key):

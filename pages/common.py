@@ -138,8 +138,10 @@ def boundaries_table(cell: CellResult) -> pd.DataFrame:
     } for b in cell.boundaries])
 
 
-def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
-    """The detail of one cell: figures, every boundary, the break side by side, the cause, exports."""
+def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str,
+              upload: dict | None = None) -> None:
+    """The detail of one cell: figures, every boundary, the break side by side, the cause, exports (`upload`: a
+    custom column's upload_json, carried by its evidence so that it replays)."""
     scenario = load_scenario(cell.scenario)
     st.subheader(f"{cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}")
     st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
@@ -163,22 +165,27 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
         st.success(f"Every boundary holds: the next prompt extends the previous sequence "
                    f"({last.reused_tokens if last.reused_tokens is not None else last.string_prefix.common} "
                    f"{'tokens' if last.reused_tokens is not None else 'chars'} reused at the last boundary).")
-    export_buttons(cell, model, key)
+    export_buttons(cell, model, key, upload)
 
 
-def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
+def export_buttons(cell: CellResult, model: LoadedModel, key: str, upload: dict | None = None) -> None:
     stem = f"{cell.model}_{cell.scenario}_{engine_spec(cell)}".replace("@", "-").replace("/", "-")
     cols = st.columns(3)
     try:
-        cols[0].download_button("Evidence JSON", json.dumps(cell_evidence(cell, model), ensure_ascii=False,
-                                                             indent=2), f"{stem}.json", "application/json",
-                                key=f"{key}:json", on_click="ignore")
+        evidence = json.dumps(cell_evidence(cell, model, upload=upload), ensure_ascii=False, indent=2)
+        cols[0].download_button("Evidence JSON", evidence, f"{stem}.json", "application/json", key=f"{key}:json",
+                                on_click="ignore")
         cols[1].download_button("Markdown", cell_markdown(cell, model), f"{stem}.md", "text/markdown",
                                 key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
                                 key=f"{key}:html", on_click="ignore")
     except ExplorerError as err:
         st.error(f"Export failed: {err}")
+        return
+    if upload is not None:
+        carried = ", ".join(f["name"] for f in upload["files"].values() if "text" in f)
+        st.caption(f"The evidence JSON carries {carried} (the upload's template text): `python -m engine replay "
+                   "FILE` rebuilds this column anywhere.")
 
 
 def describe_error(err: BaseException) -> str:

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.evidence import evidence_html, matrix_csv, matrix_evidence
+from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
 from engine.parsers import list_engines
@@ -264,13 +264,15 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
     try:
         scenario = load_scenario(selected["scenario"]).id
         upload = selected.get("upload")
+        described = None
         if upload:
             model = _custom_model(upload, workspace_root())
             cell = _custom_cell(upload, workspace_root(), scenario, selected["engine"],
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
+            described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
-        show_cell(cell, model, _apply_fix, key="detail")
+        show_cell(cell, model, _apply_fix, key="detail", upload=described)
     except Exception as err:  # noqa: BLE001 - the detail fails alone; the matrix above stays usable
         st.error(f"This cell cannot be shown: {describe_error(err)}")
 

@@ -174,3 +174,20 @@ def test_custom_page_opened_first_keeps_the_stored_uploads_as_columns(tmp_path, 
     assert at.checkbox(key=f"show:{upload.id}").value is True
     at.switch_page("pages/matrix.py").run()
     assert "qwen3.5+mine" in at.dataframe[0].value.columns
+
+
+def test_a_custom_cell_exports_evidence_holding_its_template(tmp_path, monkeypatch) -> None:
+    from engine.workspace import Workspace
+
+    source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
+    Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("keep.jinja", source)}, "keep")
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    _select(at, "next-user-turn", "qwen3.5+keep")
+    assert not at.exception, [e.value for e in at.exception]
+    assert [s.value for s in at.subheader] == ["qwen3.5+keep × next-user-turn × vllm@0.33.0: breaks"]
+    assert "Evidence JSON" in [b.label for b in at.download_button]
+    # tests/test_evidence.py replays such a file; here the page says what the export carries.
+    assert any(c.value == "The evidence JSON carries keep.jinja (the upload's template text): `python -m engine "
+               "replay FILE` rebuilds this column anywhere." for c in at.caption)

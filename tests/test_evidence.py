@@ -166,3 +166,32 @@ def test_matrix_markdown_has_a_column_per_engine_version() -> None:
     assert out.getvalue().splitlines()[:3] == [
         "| scenario | qwen3.6 sglang@0.5.23 | qwen3.6 sglang@0.5.12 | qwen3.6 raw |", "|---|---|---|---|",
         "| tool-call | ✓ | ✓ | ✓ |"]
+
+
+def test_evidence_of_a_custom_template_cell_carries_the_template_and_replays(tmp_path, monkeypatch) -> None:
+    from engine.evidence import upload_json
+    from engine.simulate import run_cell_with
+    from engine.workspace import Workspace
+
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    source = "\n".join(load_model("qwen3.5").renderer.source_lines()).replace(
+        "'\\n</think>\\n\\n'", "'\\n</think>\\n'") + "\n"  # one newline fewer after </think>
+    workspace = Workspace(tmp_path / "workspace")
+    upload = workspace.add("qwen3.5", {"chat_template": ("keep.jinja", source.encode())}, "keep")
+    model = workspace.load_model(upload.id)
+    cell = run_cell_with(model, "next-user-turn", "vllm", {})
+    described = upload_json(workspace.root, upload.id)
+    evidence = cell_evidence(cell, model, upload=described)
+    assert evidence["reproduce"]["model"] == "qwen3.5+keep"
+    assert evidence["upload"]["files"]["chat_template"] == {
+        "name": "keep.jinja", "sha256": upload.file("chat_template").sha256, "text": source}
+    path = tmp_path / "evidence.json"
+    path.write_text(json.dumps(evidence, ensure_ascii=False), encoding="utf-8")
+    report = replay(path)
+    assert (report.cells, report.differences, report.matches) == (1, (), True)
+    # Replay rebuilds the model from the evidence alone: with the workspace gone it still matches.
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "elsewhere"))
+    assert replay(path).matches
+    evidence["upload"]["files"]["chat_template"]["text"] = source.replace("'\\n</think>\\n'", "'\\n</think>\\n\\n'")
+    path.write_text(json.dumps(evidence, ensure_ascii=False), encoding="utf-8")
+    assert replay(path).differences[0].startswith("evidence.json: asset chat_template sha256 was ")
