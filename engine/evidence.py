@@ -15,6 +15,7 @@ import hashlib
 import html
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,6 +222,88 @@ def cause_url(cause: Cause, model: LoadedModel) -> str | None:
                       hub_file)
 
 
+@dataclass(frozen=True)
+class ErrorExplanation:
+    """Why an error cell has no PRR result: where it failed (with the lines around it and a link), why, and what
+    would let the request render."""
+
+    location: str | None  # "template.jinja:314", when the failure names a template line
+    url: str | None
+    excerpt: tuple[tuple[int, str], ...]  # (line number, text) around the failing line
+    line: int | None
+    why: str
+    fix: str
+
+
+# What each kind of failure means and what lets the request render; matched on the failure's sentence (data).
+ERROR_KINDS: tuple[tuple[str, str, str], ...] = (
+    (r"'dict object' has no attribute '(?P<key>\w+)'",
+     "the template reads `message.{key}` unconditionally, and the message the client sent back for the model's "
+     "turn has no {key!r} key (an engine returns an empty answer as null, and the request drops null keys).",
+     "send the key (an empty string rather than null) or guard the line with `message.{key} is defined`"),
+    (r"rejects the next request",
+     "the engine refused to build the next request from the history the client sent back.",
+     "send the history in the form the engine accepts (see the engine's sentence above)"),
+    (r"\(render (time|output) limit\)|limit\)$",
+     "the template did not finish within the sandbox's limits.",
+     "look for an unbounded loop or recursion in the template"),
+    (r"raised at line|failed at line",
+     "the template failed while rendering the request that follows the model's turn.",
+     "make the template accept this conversation (see the line highlighted)"),
+)
+_FAILED_LINE = re.compile(r"(?:raised|failed) at line (\d+)")
+
+
+def source_excerpt(lines: list[str], line: int, around: int = 3) -> tuple[tuple[int, str], ...]:
+    """(line number, text) of the lines around `line`, whole (never cut)."""
+    return tuple((n, lines[n - 1]) for n in range(max(1, line - around), min(len(lines), line + around) + 1))
+
+
+def explain_error(cell: CellResult, model: LoadedModel, around: int = 3) -> ErrorExplanation | None:
+    """The explanation of an error cell (None for any other status)."""
+    if cell.status != "error" or not cell.note:
+        return None
+    found = _FAILED_LINE.search(cell.note)
+    line = int(found.group(1)) if found else None
+    location = url = None
+    excerpt: tuple[tuple[int, str], ...] = ()
+    if line is not None:
+        lines = model.renderer.source_lines()
+        path = model.renderer.source_path
+        location = f"{path}:{line}"
+        hub_file = model.spec.assets["chat_template"].hub_file if "chat_template" in model.spec.assets else ""
+        url = source_url("template", path, line, None, model.spec.hub_repo, hub_file) if "+" not in cell.model \
+            else None  # an upload has no public copy to link to
+        excerpt = source_excerpt(lines, line, around)
+    why, fix = "the request could not be rendered.", "see the sentence above"
+    for pattern, why_text, fix_text in ERROR_KINDS:
+        matched = re.search(pattern, cell.note)
+        if matched:
+            why, fix = why_text.format(**matched.groupdict()), fix_text.format(**matched.groupdict())
+            break
+    others = _engines_where_it_renders(cell)
+    if others:
+        fix += f"; {', '.join(others)} render{'s' if len(others) == 1 else ''} this scenario for {cell.model}"
+    return ErrorExplanation(location, url, excerpt, line, why, fix)
+
+
+def _engines_where_it_renders(cell: CellResult) -> list[str]:
+    """The other engines (at their versions) whose cell for the same stock model and scenario is not an error."""
+    from engine.parsers import list_engines
+
+    if "+" in cell.model:
+        return []
+    current = engine_spec(cell)
+    out = []
+    for engine in (*list_engines(), "bridge"):
+        if engine == current:
+            continue
+        other = run_cell(cell.model, cell.scenario, engine, {k: v for k, v in cell.kwargs.items()})
+        if other.status in ("holds", "breaks"):
+            out.append(f"{engine_spec(other)} ({other.status})")
+    return out
+
+
 Opcode = tuple[str, int, int, int, int]
 
 
@@ -392,6 +475,13 @@ def cell_markdown(cell: CellResult, model: LoadedModel, context: int = 8) -> str
         out.append(f"- asset `{name}` sha256 `{digest}`")
     if cell.note:
         out.append(f"- note: {cell.note}")
+    explained = explain_error(cell, model)
+    if explained is not None:
+        if explained.location:
+            out += ["", f"Failed at `{explained.location}`" + (f" ({explained.url})" if explained.url else "") + ":",
+                    "", _fence("\n".join(f"{n:>4}{'>' if n == explained.line else ' '} {text}"
+                                         for n, text in explained.excerpt))]
+        out += ["", f"**Why**: {explained.why}", "", f"**Fix**: {explained.fix}"]
     focus = _focus_break(cell)
     if focus is None:
         last = cell.boundaries[-1] if cell.boundaries else None

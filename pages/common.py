@@ -25,7 +25,9 @@ from engine.evidence import (
     char_diff_html,
     engine_spec,
     evidence_html,
+    explain_error,
     side_by_side_html,
+    source_excerpt,
     visible,
 )
 from engine.models import LoadedModel, load_model
@@ -121,12 +123,29 @@ def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
     if not line_part.split("-")[0].isdigit():
         return
     line = int(line_part.split("-")[0])
-    lines = model.renderer.source_lines()
-    lo, hi = max(1, line - around), min(len(lines), line + around)
+    _excerpt_table(source_excerpt(model.renderer.source_lines(), line, around), line)
+
+
+def _excerpt_table(excerpt: tuple[tuple[int, str], ...], line: int | None) -> None:
     rows = "".join(
         f"<tr style='{'background:#fff8c5;font-weight:600' if n == line else ''}'><td>{n}</td>"
-        f"<td class='tok'>{html.escape(lines[n - 1])}</td></tr>" for n in range(lo, hi + 1))
+        f"<td class='tok'>{html.escape(text)}</td></tr>" for n, text in excerpt)
     st.html(f"<table>{rows}</table>")
+
+
+def error_card(cell: CellResult, model: LoadedModel) -> None:
+    """An error cell: the failure's sentence, the template lines around it with a link, why, and the fix."""
+    explained = explain_error(cell, model)
+    st.error(cell.note or cell.status)
+    if explained is None:
+        return
+    with st.container(border=True):
+        if explained.location:
+            where = f"[`{explained.location}`]({explained.url})" if explained.url else f"`{explained.location}`"
+            st.markdown(f"**Failed at** {where}")
+            _excerpt_table(explained.excerpt, explained.line)
+        st.markdown(f"**Why:** {explained.why}")
+        st.markdown(f"**Fix:** {explained.fix}")
 
 
 def boundaries_table(cell: CellResult) -> pd.DataFrame:
@@ -146,8 +165,10 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
     st.subheader(f"{cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}")
     st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
-    if cell.status in ("error", "unavailable"):
-        (st.error if cell.status == "error" else st.info)(cell.note or cell.status)
+    if cell.status == "error":
+        error_card(cell, model)
+    elif cell.status == "unavailable":
+        st.info(cell.note or cell.status)
     elif cell.note:
         st.info(cell.note)
     if len(cell.boundaries) > 1:

@@ -191,3 +191,15 @@ def test_a_custom_cell_exports_evidence_holding_its_template(tmp_path, monkeypat
     # tests/test_evidence.py replays such a file; here the page says what the export carries.
     assert any(c.value == "The evidence JSON carries keep.jinja (the upload's template text): `python -m engine "
                "replay FILE` rebuilds this column anywhere." for c in at.caption)
+
+
+def test_an_error_cell_shows_where_why_and_the_fix(app: AppTest) -> None:
+    _select(app, "reasoning-truncated", "gpt-oss")
+    assert [s.value for s in app.subheader] == ["gpt-oss × reasoning-truncated × vllm@0.33.0: error"]
+    assert "raised at line 314" in app.error[0].value
+    markdown = [m.value for m in app.markdown]
+    assert "**Failed at** [`openai-gpt-oss-120b.jinja:314`](https://huggingface.co/openai/gpt-oss-120b/blob/main/" \
+           "chat_template.jinja#L314)" in markdown
+    assert any(m.startswith("**Why:** the template reads `message.content` unconditionally") for m in markdown)
+    assert any(m.startswith("**Fix:** send the key") for m in markdown)
+    assert any("background:#fff8c5;font-weight:600'><td>314</td>" in h.proto.body for h in app.get("html"))

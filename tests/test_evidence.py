@@ -195,3 +195,22 @@ def test_evidence_of_a_custom_template_cell_carries_the_template_and_replays(tmp
     evidence["upload"]["files"]["chat_template"]["text"] = source.replace("'\\n</think>\\n'", "'\\n</think>\\n\\n'")
     path.write_text(json.dumps(evidence, ensure_ascii=False), encoding="utf-8")
     assert replay(path).differences[0].startswith("evidence.json: asset chat_template sha256 was ")
+
+
+def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
+    from engine.evidence import explain_error
+
+    model = load_model("gpt-oss")
+    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "vllm"), model)
+    assert explained is not None
+    assert (explained.location, explained.line) == ("openai-gpt-oss-120b.jinja:314", 314)
+    assert explained.url == "https://huggingface.co/openai/gpt-oss-120b/blob/main/chat_template.jinja#L314"
+    assert [n for n, _ in explained.excerpt] == list(range(311, 318))
+    assert explained.excerpt[3][1] == ('            {{- "<|start|>assistant<|channel|>final<|message|>" + '
+                                       'message.content + "<|end|>" }}')
+    assert explained.why == ("the template reads `message.content` unconditionally, and the message the client "
+                             "sent back for the model's turn has no 'content' key (an engine returns an empty answer "
+                             "as null, and the request drops null keys).")
+    assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
+                             "`message.content is defined`; sglang@0.5.23 (breaks) renders this scenario for gpt-oss")
+    assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
