@@ -76,7 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         src = lines[span.source_line - 1].strip() if 0 < span.source_line <= len(lines) else ""
         print(f"[{who:>8} | {where:>9}] {visible(rendered.text[span.start:span.end])!s}")
         if args.show_source and src:
-            print(f"{'':21}└ {src[:100]}")
+            print(f"{'':21}└ {src}")  # whole: a cut line hides the part that emitted the text
     print(f"# {len(rendered.text)} characters" + (f", {len(tokens.ids)} tokens" if tokens else
                                                  f"; {model.tokenizer_unavailable}"))
     return 0
@@ -161,7 +161,7 @@ def cmd_session(args: argparse.Namespace) -> int:
             ("previous", view.previous_text, view.previous_token_char_start, view.previous_location),
             ("next", view.next_text, view.token_char_start, view.next_location),
         ):
-            origin = f"{where.path}:{where.line} {where.text[:90]}" if where else "(end of text)"
+            origin = f"{where.path}:{where.line} {where.text.strip()}" if where else "(end of text)"
             if where and where.line == 0 and report.engine:
                 origin = "the model's written output (no template line)"
             print(f"  {side:<8} {text[start:start + 16]!r:<24} {origin}")

@@ -16,6 +16,7 @@ import html
 import io
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,22 @@ def _char_rows(text: str, lo: int, hi: int, first: int, message_index: tuple[int
     return tuple(rows)
 
 
+def _word_start(text: str, at: int, reach: int = 24) -> int:
+    """`at` moved back (at most `reach` characters) to where a word or a `<…>` marker starts."""
+    for i in range(at, max(0, at - reach) - 1, -1):
+        if i == 0 or text[i] == "<" or text[i - 1].isspace() or text[i - 1] == ">":
+            return i
+    return at
+
+
+def _word_end(text: str, at: int, reach: int = 24) -> int:
+    """`at` moved forward (at most `reach` characters) to where a word or a `<…>` marker ends."""
+    for i in range(min(at, len(text)), min(len(text), at + reach) + 1):
+        if i == len(text) or text[i].isspace() or text[i] == "<" or text[i - 1] == ">":
+            return i
+    return min(at, len(text))
+
+
 @dataclass(frozen=True)
 class CompareSide:
     """One side of a comparison: text with per-character provenance, and its token ids with their char starts."""
@@ -151,13 +168,30 @@ def compare(tokenizer: Tokenizer | None, prev: CompareSide, nxt: CompareSide, *,
         first_token: int | None = first
     else:
         span = context * 6
-        prev_lo = next_lo = max(0, first_char - span)
-        prev_hi, next_hi = min(len(prev.text), first_char + span), min(len(nxt.text), first_char + span)
+        # No tokens: the window still starts and ends where a word or a marker does, not inside one.
+        prev_lo = next_lo = _word_start(prev.text, max(0, first_char - span))
+        prev_hi, next_hi = _word_end(prev.text, first_char + span), _word_end(nxt.text, first_char + span)
         prev_rows = _char_rows(prev.text, prev_lo, prev_hi, first_char, prev.message_index, prev.source_line)
         next_rows = _char_rows(nxt.text, next_lo, next_hi, first_char, nxt.message_index, nxt.source_line)
         first_token = None
     prev_window, next_window = prev.text[prev_lo:prev_hi], nxt.text[next_lo:next_hi]
-    opcodes = _readable(difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes())
+    if token_level:
+        assert prev.starts is not None and nxt.starts is not None
+        prev_cuts = {c - prev_lo for c in prev.starts if prev_lo <= c <= prev_hi} | {len(prev_window)}
+        next_cuts = {c - next_lo for c in nxt.starts if next_lo <= c <= next_hi} | {len(next_window)}
+        cut = at(prev, first) - prev_lo
+
+        def kept(a1: int, a2: int, b1: int, b2: int) -> bool:
+            return a2 - a1 >= 4
+    else:
+        cut = first_char - prev_lo
+
+        def kept(a1: int, a2: int, b1: int, b2: int) -> bool:  # no token boundaries: only long common runs
+            return a2 - a1 >= 8
+    raw_opcodes = difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes()
+    if token_level:
+        raw_opcodes = [raw_opcodes[0], *_whole_tokens(raw_opcodes[1:], prev_cuts, next_cuts)] if raw_opcodes else []
+    opcodes = _readable(raw_opcodes, cut, kept)
     return BreakView(
         boundary=boundary,
         level="token" if token_level else "string",
@@ -307,22 +341,46 @@ def _engines_where_it_renders(cell: CellResult) -> list[str]:
 Opcode = tuple[str, int, int, int, int]
 
 
-def _readable(opcodes: list[Opcode], min_equal: int = 4) -> list[Opcode]:
-    """Fold short equal runs between two changes into one replace, so `<think>` vs `<tool_call>` reads as one
-    change instead of a scatter of matched letters."""
+def _whole_tokens(opcodes: list[Opcode], prev_cuts: set[int], next_cuts: set[int]) -> list[Opcode]:
+    """Each equal run narrowed to the part that is whole tokens on both sides (the rest joins the changes)."""
     out: list[Opcode] = []
-    for i, op in enumerate(opcodes):
-        tag, a1, a2, b1, b2 = op
-        between = 0 < i < len(opcodes) - 1
-        if out and (tag != "equal" or (between and a2 - a1 < min_equal)) and out[-1][0] != "equal":
+    for tag, a1, a2, b1, b2 in opcodes:
+        if tag != "equal":
+            out.append((tag, a1, a2, b1, b2))
+            continue
+        lead = next((d for d in range(a2 - a1 + 1) if a1 + d in prev_cuts and b1 + d in next_cuts), None)
+        tail = next((d for d in range(a2 - a1 + 1) if a2 - d in prev_cuts and b2 - d in next_cuts), None)
+        if lead is None or tail is None or a1 + lead >= a2 - tail:
+            out.append(("replace", a1, a2, b1, b2))
+            continue
+        if lead:
+            out.append(("replace", a1, a1 + lead, b1, b1 + lead))
+        out.append(("equal", a1 + lead, a2 - tail, b1 + lead, b2 - tail))
+        if tail:
+            out.append(("replace", a2 - tail, a2, b2 - tail, b2))
+    return out
+
+
+def _readable(opcodes: list[Opcode], cut: int, kept: Callable[[int, int, int, int], bool]) -> list[Opcode]:
+    """The character diff as a reader pairs it: the common prefix ends at `cut` (the start of the first differing
+    token, so `<think>` vs `<tool_call>` is one change, not `<t` + `hink>` vs `ool_call>`), and an equal run after
+    the first change is kept only where `kept` says it is a real common part (whole tokens on both sides) —
+    otherwise "call" of "should call" would be paired with "call" of "tool_call"."""
+    if opcodes and opcodes[0][0] == "equal" and opcodes[0][2] > cut and len(opcodes) > 1:
+        _, _, a2, _, _ = opcodes[0]
+        tag, _, na2, _, nb2 = opcodes[1]
+        opcodes = [("equal", 0, cut, 0, cut), ("replace", cut, na2, cut, nb2), *opcodes[2:]]
+    out: list[Opcode] = []
+    for i, (tag, a1, a2, b1, b2) in enumerate(opcodes):
+        if tag == "equal" and (i == 0 or kept(a1, a2, b1, b2)):
+            out.append((tag, a1, a2, b1, b2))
+        elif out and out[-1][0] != "equal":
             _, pa1, _, pb1, _ = out[-1]
             out[-1] = ("replace", pa1, a2, pb1, b2)
-        elif tag == "equal" and between and a2 - a1 < min_equal:
-            out.append(("replace", a1, a2, b1, b2))
         else:
-            out.append(op)
+            out.append(("replace", a1, a2, b1, b2))
     return [("delete" if b1 == b2 else "insert" if a1 == a2 else tag, a1, a2, b1, b2) if tag == "replace" else
-            (tag, a1, a2, b1, b2) for tag, a1, a2, b1, b2 in out]
+            (tag, a1, a2, b1, b2) for tag, a1, a2, b1, b2 in out if a1 != a2 or b1 != b2]
 
 
 def _focus_break(cell: CellResult) -> Boundary | None:

@@ -68,7 +68,7 @@ def _request_break(model: LoadedModel, report: SessionReport, index: int) -> Non
                 f"{len(view.previous_ids)}-token sequence; the texts first differ at char {view.char_position}.")
     for side, location in (("previous", view.previous_location), ("next", view.next_location)):
         if location is not None:
-            st.markdown(f"- {side}: `{location.path}:{location.line}` `{location.text[:100]}`")
+            st.markdown(f"- {side}: `{location.path}:{location.line}` `{location.text.strip()}`")
     context = st.slider("Tokens of context on each side", 2, 40, 8, key="session:context")
     shown = compare(model.tokenizer,
                     rendered_sequence(f"request {view.compared_request}'s sequence", view.previous,

@@ -214,3 +214,50 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
     assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
                              "`message.content is defined`; sglang@0.5.23 (breaks) renders this scenario for gpt-oss")
     assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
+
+
+def _diff(view) -> list[tuple[str, str, str]]:
+    return [(op, view.prev.text[a1:a2], view.next.text[b1:b2]) for op, a1, a2, b1, b2 in view.char_opcodes]
+
+
+def test_character_diff_starts_at_the_differing_token_and_pairs_only_whole_tokens(qwen_break) -> None:
+    cell, model = qwen_break
+    view = break_view(model, cell.focus, 8)
+    assert view.prev.text.startswith(" Paris today?") and view.next.text.startswith(" Paris today?")
+    # Not "<t" kept and "hink>…" vs "ool_call>…"; not "call" of "should call" paired with "call" of "tool_call".
+    assert _diff(view) == [
+        ("equal", " Paris today?<|im_end|>\n<|im_start|>assistant\n",
+         " Paris today?<|im_end|>\n<|im_start|>assistant\n"),
+        ("replace", "<think>\nI should call get", "<tool_call>\n<function=get"),
+        ("equal", "_weather", "_weather"),
+        ("replace", " for", ">\n"),
+    ]
+
+
+def test_string_level_windows_start_at_a_marker() -> None:
+    cell, model = run_cell("kimi-k2.6", "no-tools-next-user", "raw"), load_model("kimi-k2.6")
+    view = break_view(model, cell.focus, 8)
+    assert view.level == "string"
+    assert (view.prev.text[:10], view.next.text[:10]) == ("<|im_end|>", "<|im_end|>")
+    assert _diff(view) == [
+        ("equal", "<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
+         "<|im_end|><|im_assistant|>assistant<|im_middle|><think>"),
+        ("delete", "17 times 3 is 51.", ""), ("equal", "</think>51<|im_end|>", "</think>51<|im_end|>"),
+        ("insert", "", "<|im_user|>user<|im_middle|>")]
+
+
+def test_render_show_source_prints_whole_template_lines(tmp_path) -> None:
+    from engine.cli import main
+
+    messages = tmp_path / "m.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "ok", "reasoning_content": "think first"}]),
+                        encoding="utf-8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["render", "--model", "qwen3.5", "--messages", str(messages), "--show-source",
+                     "--no-generation-prompt"]) == 0
+    lines = load_model("qwen3.5").renderer.source_lines()
+    shown = [line.split("└ ", 1)[1] for line in out.getvalue().splitlines() if "└ " in line]
+    assert max(len(s) for s in shown) > 100
+    assert all(s in {source.strip() for source in lines} for s in shown)
