@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from engine.models import default_model_ids, load_spec
+from engine.uploads import UploadLimits
 from engine.workspace import Workspace
 from pages.common import describe_error, init_custom_columns, workspace_root
 
 
+def _megabytes(size: int) -> int:
+    """A byte cap as the whole megabytes the uploader shows (rounded up: validation refuses the excess exactly)."""
+    return max(1, math.ceil(size / (1024 * 1024)))
+
+
 def _upload_form(workspace: Workspace) -> None:
+    limits = UploadLimits.from_env()  # the caps validation enforces, shown on each uploader instead of "200MB"
     with st.form("upload", clear_on_submit=False):
         template = st.file_uploader("Chat template: a .jinja file or a tokenizer_config.json",
-                                    type=["jinja", "j2", "json", "txt"], key="upload:template")
+                                    type=["jinja", "j2", "json", "txt"], key="upload:template",
+                                    max_upload_size=_megabytes(limits.max_text_bytes))
         tokenizer = st.file_uploader("Optional tokenizer: tokenizer.json, or Kimi's tiktoken.model",
-                                     type=["json", "model"], key="upload:tokenizer")
+                                     type=["json", "model"], key="upload:tokenizer",
+                                     max_upload_size=_megabytes(limits.max_tokenizer_bytes))
         base = st.selectbox("Output format and engine parsers of", default_model_ids(), key="upload:base",
                             format_func=lambda m: f"{m} ({load_spec(m).family})")
         label = st.text_input("Label (the matrix column is named model+label)", value="custom", key="upload:label")

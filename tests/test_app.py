@@ -203,3 +203,21 @@ def test_an_error_cell_shows_where_why_and_the_fix(app: AppTest) -> None:
     assert any(m.startswith("**Why:** the template reads `message.content` unconditionally") for m in markdown)
     assert any(m.startswith("**Fix:** send the key") for m in markdown)
     assert any("background:#fff8c5;font-weight:600'><td>314</td>" in h.proto.body for h in app.get("html"))
+
+
+def test_uploaders_show_the_limits_validation_enforces(app: AppTest, monkeypatch) -> None:
+    app.switch_page("pages/custom_templates.py").run()
+    sizes = {u.proto.label.split(":")[0]: u.proto.max_upload_size_mb for u in app.get("file_uploader")}
+    assert sizes == {"Chat template": 5, "Optional tokenizer": 50}  # not Streamlit's 200 MB default
+    monkeypatch.setenv("DRIFT_UPLOAD_MAX_TEXT_BYTES", str(1024 * 1024))
+    app.run()
+    assert app.get("file_uploader")[0].proto.max_upload_size_mb == 1
+
+
+def test_streamlit_config_is_an_offline_tools() -> None:
+    import tomllib
+
+    config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    assert config["browser"]["gatherUsageStats"] is False
+    assert config["client"]["toolbarMode"] == "minimal"
+    assert config["server"]["maxUploadSize"] == 50
