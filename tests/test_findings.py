@@ -88,7 +88,7 @@ ROWS = [
     ('deepseek-v4', 'reasoning-truncated', 'sglang@0.5.12', 'holds', None),
     ('deepseek-v4', 'tool-call-truncated', 'raw', 'holds', None),
     ('deepseek-v4', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/parser/deepseek_v4.py:79-112'),
-    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser content-dropped sglang/srt/function_call/deepseekv32_detector.py:203-217'),
+    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser call-lost sglang/srt/function_call/deepseekv32_detector.py:203-217'),
     ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:102'),
     ('deepseek-v4', 'args-serialization', 'raw', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
     ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
