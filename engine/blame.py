@@ -91,7 +91,12 @@ def _prefix_words(boundary: Boundary, trial: _Trial) -> str:
 
 
 def _snippet(text: str, at: int, width: int = 24) -> str:
-    return text[at:at + width]
+    """The text from the break, begun at the start of a markup token the break falls in (`<think>` vs `<tool_call>`
+    differ at their second character: both shown whole)."""
+    start = text.rfind("<", max(0, at - 16), at + 1)
+    if start < 0 or ">" in text[start:at]:
+        start = at
+    return text[start:start + width]
 
 
 def explain_break(boundary: Boundary, context: BlameContext, rerun: Rerun, *, hints: bool = True) -> Cause:
