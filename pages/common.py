@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from engine.errors import ExplorerError
+from engine.errors import ExplorerError, is_panic
 from engine.evidence import (
     COMPLETION,
     EVIDENCE_CSS,
@@ -95,7 +96,7 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
         url = cause_url(cause, model)
         location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
         st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
-        st.write(cause.detail)
+        st.markdown(plain(cause.detail))
         if cause.stage == "template":
             _template_lines(model, cause.location)
         elif cause.stage == "parser" and cell.focus is not None:
@@ -145,9 +146,9 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
     st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
     if cell.status in ("error", "unavailable"):
-        (st.error if cell.status == "error" else st.info)(cell.note or cell.status)
+        (st.error if cell.status == "error" else st.info)(plain(cell.note or cell.status))
     elif cell.note:
-        st.info(cell.note)
+        st.info(plain(cell.note))
     if len(cell.boundaries) > 1:
         st.dataframe(boundaries_table(cell), hide_index=True)
     breaking = [b for b in cell.boundaries if not b.holds]
@@ -177,13 +178,32 @@ def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
                                 key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
                                 key=f"{key}:html", on_click="ignore")
-    except ExplorerError as err:
-        st.error(f"Export failed: {err}")
+    except Exception as err:  # noqa: BLE001 - the exports fail alone; the cell above stays shown
+        st.error(plain(f"Export failed: {describe_error(err)}"))
 
 
 def describe_error(err: BaseException) -> str:
-    """One sentence for the page; the rest of the app keeps working."""
+    """One sentence for the page; the rest of the app keeps working. Pages catch BaseException, because a Rust
+    panic from a tokenizer (pyo3's PanicException) is one; anything else that is not an Exception (Streamlit's
+    rerun and stop, KeyboardInterrupt) is raised again here."""
+    if not (isinstance(err, Exception) or is_panic(err)):
+        raise err
     return str(err) if isinstance(err, ExplorerError) else f"{type(err).__name__}: {err}"
+
+
+# What makes Markdown, HTML or a Streamlit directive (`:red[...]`, `$math$`) of text; line-start markers such as
+# "1." or "-" only change the layout, so they stay as they are.
+_MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()<>!#|~$])")
+_AUTOLINK = re.compile(r"(?i)(?:\b[a-z][a-z0-9+.-]*:/|\bwww\.|@)")
+
+
+def plain(text: str) -> str:
+    """User-controlled text (file names, a template's raise_exception message) for a Markdown element, shown as
+    the characters it holds: every Markdown, HTML and Streamlit directive character escaped, so an image or a link
+    in it never renders and no viewer's browser fetches anything."""
+    escaped = _MARKDOWN_SYNTAX.sub(r"\\\1", text)
+    # GFM turns a bare "http://…" or "www.…" into a link: an escaped character inside keeps it text.
+    return _AUTOLINK.sub(lambda m: m.group(0)[:-1] + "\\" + m.group(0)[-1], escaped)
 
 
 def kwarg_state_key(model_id: str, name: str) -> str:
