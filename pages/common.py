@@ -178,7 +178,7 @@ def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
                                 key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
                                 key=f"{key}:html", on_click="ignore")
-    except Exception as err:  # noqa: BLE001 - the exports fail alone; the cell above stays shown
+    except BaseException as err:  # noqa: BLE001 - the exports fail alone (a panic too); the cell stays shown
         st.error(plain(f"Export failed: {describe_error(err)}"))
 
 
