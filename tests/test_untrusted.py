@@ -145,6 +145,17 @@ def test_a_scenario_id_is_looked_up_never_used_as_a_path(scenario_id):
     assert str(caught.value).startswith(f"unknown scenario {scenario_id!r}; known: args-serialization, ")
 
 
+def test_a_yaml_file_elsewhere_on_disk_is_not_a_scenario(tmp_path):
+    from engine.scenario import SCENARIOS_DIR
+
+    outside = tmp_path / "planted.yaml"
+    outside.write_text((SCENARIOS_DIR / "tool-call.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    relative = os.path.relpath(tmp_path / "planted", SCENARIOS_DIR)  # what a link or evidence could name
+    with pytest.raises(ExplorerError) as caught:
+        load_scenario(relative)
+    assert str(caught.value).startswith(f"unknown scenario {relative!r}; known: args-serialization, ")
+
+
 def test_yaml_is_loaded_safely_under_size_and_alias_limits():
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
