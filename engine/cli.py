@@ -50,13 +50,12 @@ def _write_json(data: Any, target: str) -> None:
         Path(target).write_text(text, encoding="utf-8")
 
 
-def read_json_input(path: str, what: str, large: bool = False) -> Any:
-    """A JSON file named on the command line, under the upload size caps; one sentence when it is not usable."""
+def read_json_input(path: str, what: str) -> Any:
+    """A JSON file named on the command line, under the upload text cap; one sentence when it is not usable."""
     from engine.uploads import UploadLimits, json_document, read_path
 
     limits = UploadLimits.from_env()
-    role = "tokenizer" if large else "tokenizer_config"
-    return json_document(read_path(path, what, limits.cap(role), limits.cap_setting(role)), path)
+    return json_document(read_path(path, what, limits.max_text_bytes, limits.cap_setting("tokenizer_config")), path)
 
 
 def read_messages(path: str) -> tuple[list[dict], list[dict] | None]:

@@ -289,12 +289,6 @@ def _render_worker(memory_mb: int, key: str, max_workers: int) -> _Worker:
     return worker
 
 
-def render_worker_count() -> int:
-    """How many render workers (spares included) this process keeps; for tests and status."""
-    with _pool_lock:
-        return len(_pool) + len(_spares)
-
-
 def shutdown_workers() -> None:
     """Stop every worker this process started (they also exit by themselves when this process ends)."""
     with _pool_lock:
