@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from engine.models import default_model_ids, load_spec
+from engine.uploads import UploadLimits
 from engine.workspace import READ_ONLY_ENV, WORKSPACE_ENV, Upload, Workspace
-from pages.common import describe_error, plain
+from pages.common import describe_error, init_custom_columns, plain
+
+
+def _megabytes(size: int) -> int:
+    """A byte cap as the whole megabytes the uploader shows (rounded up: validation refuses the excess exactly)."""
+    return max(1, math.ceil(size / (1024 * 1024)))
 
 
 def _workspace() -> Workspace:
@@ -32,11 +40,14 @@ def _uploader() -> str:
 
 
 def _upload_form(workspace: Workspace) -> None:
+    limits = UploadLimits.from_env()  # the caps validation enforces, shown on each uploader instead of "200MB"
     with st.form("upload", clear_on_submit=False):
         template = st.file_uploader("Chat template: a .jinja file or a tokenizer_config.json",
-                                    type=["jinja", "j2", "json", "txt"], key="upload:template")
+                                    type=["jinja", "j2", "json", "txt"], key="upload:template",
+                                    max_upload_size=_megabytes(limits.max_text_bytes))
         tokenizer = st.file_uploader("Optional tokenizer: tokenizer.json, or Kimi's tiktoken.model",
-                                     type=["json", "model"], key="upload:tokenizer")
+                                     type=["json", "model"], key="upload:tokenizer",
+                                     max_upload_size=_megabytes(limits.max_tokenizer_bytes))
         base = st.selectbox("Output format and engine parsers of", default_model_ids(), key="upload:base",
                             format_func=lambda m: f"{m} ({load_spec(m).family})")
         label = st.text_input("Label (the matrix column is named model+label)", value="custom", key="upload:label")
@@ -58,7 +69,7 @@ def _upload_form(workspace: Workspace) -> None:
         except BaseException as err:  # noqa: BLE001 - every rejection is shown as its sentence; nothing else is lost
             st.error(plain(describe_error(err)))
             return
-    st.session_state.setdefault("custom_columns", {})[upload.id] = (upload.label, upload.base_model)
+    st.session_state.custom_columns[upload.id] = (upload.label, upload.base_model)
     # The listing's checkbox below would otherwise keep an earlier "hidden" choice for this very upload.
     st.session_state[f"show:{upload.id}"] = True
     st.success(plain(f"Stored as {upload.id[:12]} ({upload.model_id}); it is now a column next to "
@@ -87,7 +98,7 @@ def _listing(workspace: Workspace) -> None:
     if not uploads:
         st.info("No uploads yet.")
         return
-    shown = st.session_state.setdefault("custom_columns", {})
+    shown = st.session_state.custom_columns
     for upload in uploads:
         with st.container(border=True):
             cols = st.columns([5, 2, 1])
@@ -111,6 +122,8 @@ def main() -> None:
     st.caption("Your template runs in a sandboxed worker process with time, output, recursion and memory limits. "
                "Uploads are validated on every scenario, stored by content hash and kept across restarts; every "
                "visitor of this server sees them.")
+    # The matrix's columns are the stored uploads, whichever page this browser session opened first.
+    init_custom_columns()
     workspace = _workspace()
     st.caption(plain(f"Workspace: {workspace.root} (the operator sets it with {WORKSPACE_ENV})."))
     tidied = _tidied(str(workspace.root))

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.evidence import evidence_html, matrix_csv, matrix_evidence
+from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
 from engine.parsers import list_engines
@@ -21,11 +21,13 @@ from pages.common import (
     LEGEND,
     cached_model,
     describe_error,
+    init_custom_columns,
     kwarg_state_key,
     plain,
     show_cell,
     status_style,
     user_kwargs,
+    workspace_root,
 )
 
 INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35
@@ -195,7 +197,7 @@ def _columns(models: list[str], view: str) -> list[Column]:
 def _run(column: Column, scenario: str, kwargs: dict) -> CellResult:
     if column.upload_id is None:
         return run_cell(column.model_id, scenario, column.engine, kwargs)
-    return _custom_cell(column.upload_id, _workspace_root(), scenario, column.engine,
+    return _custom_cell(column.upload_id, workspace_root(), scenario, column.engine,
                         json.dumps(kwargs, sort_keys=True))
 
 
@@ -222,7 +224,7 @@ def main() -> None:
     st.title("Drift matrix")
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
-    _init_custom_columns()
+    init_custom_columns()
     _init_from_url()
     models, scenarios, view = _sidebar(default_model_ids())
     if not models or not scenarios:
@@ -320,13 +322,15 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
     try:
         scenario = load_scenario(selected["scenario"]).id
         upload = selected.get("upload")
+        described = None
         if upload:
-            model = _custom_model(upload, _workspace_root())
-            cell = _custom_cell(upload, _workspace_root(), scenario, selected["engine"],
+            model = _custom_model(upload, workspace_root())
+            cell = _custom_cell(upload, workspace_root(), scenario, selected["engine"],
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
+            described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
-        show_cell(cell, model, _apply_fix, key="detail")
+        show_cell(cell, model, _apply_fix, key="detail", upload=described)
     except BaseException as err:  # noqa: BLE001 - the detail fails alone (a panic too); the matrix stays usable
         st.error(plain(f"This cell cannot be shown: {describe_error(err)}"))
 
@@ -350,28 +354,6 @@ def _write_url() -> None:
             params["upload"] = selected["upload"]
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
-
-
-def _init_custom_columns() -> None:
-    """After a refresh or a restart, every stored upload is a column again (the custom page can hide it)."""
-    if "custom_columns" in st.session_state:
-        return
-    st.session_state.custom_columns = {}
-    try:
-        from engine.workspace import Workspace
-
-        listing = Workspace(_workspace_root()).list()
-    except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the matrix down
-        st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
-        return
-    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
-
-
-def _workspace_root() -> str:
-    """The operator's setting (DRIFT_WORKSPACE), never a visitor's."""
-    from engine.workspace import default_root
-
-    return str(default_root())
 
 
 # One scope per script run: a custom template that hits a limit is stopped once in this view, not once a cell.
