@@ -791,7 +791,7 @@ def replay(path: Path) -> ReplayReport:
     data = json_document(read_path(path, "an evidence JSON file", limits.max_tokenizer_bytes,
                                    limits.cap_setting("tokenizer")), str(path))
     if not isinstance(data, dict) or data.get("format") != EVIDENCE_FORMAT:
-        raise ExplorerError(f"{path}: not a {EVIDENCE_FORMAT} file (format is {str(data.get('format'))[:40]!r})"
+        raise ExplorerError(f"{path}: not a {EVIDENCE_FORMAT} file (format is {repr(data.get('format'))[:40]})"
                             if isinstance(data, dict) else f"{path}: not a {EVIDENCE_FORMAT} file")
     items = data["cells"] if "cells" in data else [data]
     if not isinstance(items, list) or not items or not all(isinstance(item, dict) for item in items):

@@ -83,20 +83,27 @@ def test_check_refuses_bad_input_in_one_sentence(tmp_path, capsys, extra, templa
     assert_one_sentence(*run_cli(argv, capsys), expected)
 
 
-def test_check_on_a_template_that_times_out_everywhere_pays_the_limit_once(tmp_path, capsys, monkeypatch):
+def test_check_on_a_template_that_loops_on_later_turns_pays_the_limit_once(tmp_path, capsys, monkeypatch):
+    from engine.assets import resolve_asset
+    from engine.models import load_spec
+
     monkeypatch.setenv("DRIFT_RENDER_TIMEOUT_S", "1.5")
-    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    spec = load_spec("qwen3.5")
+    stock = resolve_asset(spec.id, spec.hub_repo, spec.assets["chat_template"]).data.decode("utf-8")
+    sneaky = ("{%- if messages | selectattr('role', 'equalto', 'tool') | list %}{% for i in range(100000) %}"
+              "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}" + stock)
     started = time.monotonic()
-    code = main(["check", "--model", "qwen3.5", "--template", _write(tmp_path, "loop.jinja", looping)])
+    code = main(["check", "--model", "qwen3.5", "--template", _write(tmp_path, "sneaky.jinja", sneaky)])
     elapsed = time.monotonic() - started
-    out = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     assert code == 1
-    # The compile is fine; the first render hits the limit and every other scenario says so without rendering.
-    assert out[0] == "error       args-serialization (loop.jinja for model qwen3.5 (custom) was stopped after 1.5 s " \
-        "(render time limit))"
-    assert out[1].endswith("(loop.jinja for model qwen3.5 (custom) was stopped after 1.5 s (render time limit) "
-                           "earlier in this view, so it was not rendered again)")
-    assert out[-1] == "14 of 14 scenarios break PRR"
+    # The basic conversation renders; the first scenario with a tool turn hits the limit, and every other render of
+    # the template in this run says so at once instead of waiting for the limit again.
+    assert lines[1] == "error       args-serialization"
+    assert lines[2].strip() == "sneaky.jinja for model qwen3.5 (custom) was stopped after 1.5 s (render time limit)"
+    assert " ".join(out.split()).count("(render time limit) earlier in this view, so it was not rendered again") == 13
+    assert lines[-1] == "14 scenarios: 0 break PRR, 14 errors (the template failed to render: no PRR result), 0 hold"
     assert elapsed < HANG_GUARD_S
 
 
