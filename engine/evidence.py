@@ -727,6 +727,19 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
         raise ExplorerError(f"{where}: not drift evidence: a {type(err).__name__} reading {str(err)[:80]}") from None
 
 
+def _check_kwargs(kwargs: dict, model: LoadedModel, where: str) -> None:
+    """Template kwargs from a file: names are identifiers, and a kwarg the model declares has its default's type
+    (scenario kwargs the model does not declare pass through, as they do in the matrix)."""
+    declared = {k.name: k.default for k in model.spec.template_kwargs}
+    for name, value in kwargs.items():
+        if not name.isidentifier():
+            raise ExplorerError(f"{where}: reproduce.kwargs holds {name[:40]!r}, which is not a template kwarg name")
+        default = declared.get(name)
+        if default is not None and type(value) is not type(default):
+            raise ExplorerError(f"{where}: reproduce.kwargs {name} must be {type(default).__name__} for "
+                                f"{model.id}, got {json.dumps(value)[:40]}")
+
+
 def _replay_checked(evidence: dict, where: str) -> list[str]:
     from engine.parsers import known_engine
 
@@ -748,6 +761,7 @@ def _replay_checked(evidence: dict, where: str) -> list[str]:
         raise ExplorerError(f"{where}: reproduce names {err}") from None
     upload = evidence.get("upload")
     model = upload_model(upload, where) if upload is not None else load_model(model_id)
+    _check_kwargs(kwargs, model, where)
     diffs = []
     for name, digest in evidence.get("asset_hashes", {}).items():
         now = model.asset_hashes.get(name)
