@@ -19,7 +19,7 @@ The operator's settings (environment variables; the page only shows them):
 | the folder | `~/.drift-explorer/workspace` | `DRIFT_WORKSPACE` |
 | read-only: no upload or removal through the app (a shared deployment) | off | `DRIFT_WORKSPACE_READONLY=1` |
 | uploads kept at most | 200 | `DRIFT_WORKSPACE_MAX_UPLOADS` |
-| uploaded models kept loaded (tokenizers shared by sha256) | 8 | `DRIFT_WORKSPACE_LOADED_MODELS` |
+| uploaded models kept loaded (tokenizers shared by sha256) | 4 | `DRIFT_WORKSPACE_LOADED_MODELS` |
 
 Labels are unique per base model (a second "custom" for qwen3.5 becomes "custom-2"), so every column has its own
 name. Entries that are not uploads are summed up in one sentence; a symbolic link is never followed; a `meta.json`
@@ -397,7 +397,7 @@ class Workspace:
                 _models.move_to_end(key)
                 return cached
         model = self._build_model(self.get(upload_id), limits)
-        most = _count_setting(LOADED_MODELS_ENV, 8)
+        most = _count_setting(LOADED_MODELS_ENV, 4)
         with _models_lock:
             _models[key] = model
             while len(_models) > most:
