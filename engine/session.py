@@ -119,8 +119,11 @@ def load_session(name_or_path: str) -> SessionScript:
         known = ", ".join(session_ids())
         raise ExplorerError(f"no session script {name_or_path!r}: not a file, and not one of {known}")
     limits = UploadLimits.from_env()
-    raw = json_document(read_path(path, "a session script", limits.max_text_bytes,
-                                  limits.cap_setting("tokenizer_config")), str(path))
+    data = read_path(path, "a session script", limits.max_text_bytes, limits.cap_setting("tokenizer_config"))
+    try:
+        raw = json_document(data, str(path))
+    except ExplorerError as err:
+        raise ExplorerError(f"session script {path} is malformed: {err}") from None
     if not isinstance(raw, dict):
         raise ExplorerError(f"session script {path} is malformed: it must be a JSON object")
     most = max_session_steps()

@@ -224,16 +224,16 @@ def describe_error(err: BaseException) -> str:
 # What makes Markdown, HTML or a Streamlit directive (`:red[...]`, `$math$`) of text; line-start markers such as
 # "1." or "-" only change the layout, so they stay as they are.
 _MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()<>!#|~$])")
-_AUTOLINK = re.compile(r"(?i)(?:\b[a-z][a-z0-9+.-]*:/|\bwww\.|@)")
+# GFM links a bare "http://…", "www.…" or "a@b.org" in the text itself, escapes or not (remark-gfm works on the
+# parsed text): an invisible word joiner (U+2060) before the ":", "." or "@" keeps each one text.
+_AUTOLINK = re.compile(r"(?i)\b(https?|www)(?=[:.])|(?=@)")
 
 
 def plain(text: str) -> str:
     """User-controlled text (file names, a template's raise_exception message) for a Markdown element, shown as
     the characters it holds: every Markdown, HTML and Streamlit directive character escaped, so an image or a link
     in it never renders and no viewer's browser fetches anything."""
-    escaped = _MARKDOWN_SYNTAX.sub(r"\\\1", text)
-    # GFM turns a bare "http://…" or "www.…" into a link: an escaped character inside keeps it text.
-    return _AUTOLINK.sub(lambda m: m.group(0)[:-1] + "\\" + m.group(0)[-1], escaped)
+    return _AUTOLINK.sub(lambda m: (m.group(1) or "") + "\u2060", _MARKDOWN_SYNTAX.sub(r"\\\1", text))
 
 
 def kwarg_state_key(model_id: str, name: str) -> str:
