@@ -38,7 +38,10 @@ from engine.simulate import Boundary, CellResult
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
           "✗ -N tok: breaks, N tokens of the previous sequence must be prefilled again (chr: string level) · "
-          "! error: the template or engine refuses the request · – unavailable: not emulated or no tokenizer")
+          "✓ str: holds as a string, breaks as tokens (string level shown) · "
+          "! error: the template or engine refuses the request · – unavailable: not emulated or no tokenizer · "
+          "◆ your upload differs from the stock template · ✎ the column's template kwargs are toggled · "
+          "hover a header for its template, a scenario header for every scenario")
 
 
 @st.cache_resource(show_spinner=False)
@@ -47,7 +50,7 @@ def cached_model(model_id: str) -> LoadedModel:
 
 
 def status_style(label: str) -> str:
-    status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label[:1], "")
+    status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label.removeprefix("≠ ")[:1], "")
     return f"background-color: {STATUS_COLOURS[status]}" if status else ""
 
 

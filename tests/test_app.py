@@ -55,7 +55,10 @@ def test_selecting_a_cell_opens_its_break_and_the_fix_button_applies_the_kwarg(a
     app.button(key="detail:fix").click().run()
     assert app.session_state["kw:qwen3.6:preserve_thinking"] is True
     assert [s.value for s in app.subheader] == ["qwen3.6 × next-user-turn × vllm@0.33.0: holds"]
-    assert app.dataframe[0].value.loc["next-user-turn", "qwen3.6"] == "✓"
+    frame = app.dataframe[0].value  # the toggled kwarg marks its column
+    assert list(frame.columns) == ["qwen3.6 ✎", *default_model_ids()[1:]]
+    assert frame.loc["next-user-turn", "qwen3.6 ✎"] == "✓"
+    assert any(e.label == "qwen3.6 ✎ preserve_thinking" for e in app.sidebar.expander)
 
 
 def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(app: AppTest) -> None:
@@ -75,11 +78,23 @@ def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(ap
 
 
 def test_side_by_side_view_and_string_level(app: AppTest) -> None:
+    app.selectbox(key="ver:sglang").set_value("0.5.12")
     app.radio(key="engine_view").set_value("vLLM | SGLang").run()
     frame = app.dataframe[0].value
-    assert list(frame.columns)[:2] == ["qwen3.6 · vllm", "qwen3.6 · sglang"]
+    assert list(frame.columns) == default_model_ids()  # a row per engine, so the columns stay one per model
+    assert list(frame.index)[:4] == ["args-serialization · vllm@0.33.0", "args-serialization · sglang@0.5.12",
+                                     "client-drops-reasoning · vllm@0.33.0", "client-drops-reasoning · sglang@0.5.12"]
+    # ≠ on both rows where the engines differ (here GLM's re-serialized arguments lose different amounts).
+    assert (frame.loc["args-serialization · vllm@0.33.0", "glm-5.1"],
+            frame.loc["args-serialization · sglang@0.5.12", "glm-5.1"]) == ("≠ ✗ -41tok", "≠ ✗ -28tok")
+    assert frame.loc["tool-call · vllm@0.33.0", "qwen3.6"] == "✓"
+    _select(app, "args-serialization", "glm-5.1")  # row 0 is the vLLM row
+    assert [s.value for s in app.subheader] == ["glm-5.1 × args-serialization × vllm@0.33.0: breaks"]
+    app.session_state["matrix"] = {"selection": {"rows": [], "columns": [], "cells": [(1, "glm-5.1")]}}
+    app.run()
+    assert [s.value for s in app.subheader] == ["glm-5.1 × args-serialization × sglang@0.5.12: breaks"]
     app.radio(key="level").set_value("string").run()
-    assert app.dataframe[0].value.loc["noncanonical-tokens", "qwen3.6 · vllm"] == "✓ str"
+    assert app.dataframe[0].value.loc["noncanonical-tokens · vllm@0.33.0", "qwen3.6"] == "✓ str"
 
 
 def test_a_link_reopens_the_same_cell(tmp_path, monkeypatch) -> None:
@@ -221,3 +236,24 @@ def test_streamlit_config_is_an_offline_tools() -> None:
     assert config["browser"]["gatherUsageStats"] is False
     assert config["client"]["toolbarMode"] == "minimal"
     assert config["server"]["maxUploadSize"] == 50
+
+
+def test_reasoning_effort_is_a_control_and_marks_its_column(app: AppTest) -> None:
+    control = app.selectbox(key="kw:gpt-oss:reasoning_effort")
+    assert (control.value, control.options) == ("medium", ["low", "medium", "high"])
+    control.set_value("high").run()
+    assert "gpt-oss ✎" in app.dataframe[0].value.columns
+    assert app.query_params["kwargs"] == '{"gpt-oss": {"reasoning_effort": "high"}}'
+    _select(app, "tool-call", "gpt-oss ✎")
+    assert 'reasoning_effort="high"' in " ".join(c.value for c in app.caption)
+
+
+def test_headers_carry_tooltips_and_the_legend_explains_every_mark(app: AppTest) -> None:
+    import json
+
+    config = json.loads(app.dataframe[0].proto.columns)
+    assert config["_index"]["help"].startswith("- **args-serialization**: ")
+    assert config["qwen3.6"]["help"] == "Qwen3.6 (Qwen/Qwen3.6-35B-A3B): template Qwen-Qwen3.6-35B-A3B.jinja"
+    legend = " ".join(c.value for c in app.caption)
+    for mark in ("✓ holds", "✗ -N tok", "✓ str:", "! error", "– unavailable", "◆ your upload", "✎ the column's"):
+        assert mark in legend
