@@ -373,6 +373,18 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ExplorerError(f"fuzz: --workers must be at least 1, got {args.workers}")
+    if args.show is not None:
+        from engine.fuzz import conversation, conversation_text
+        from engine.matrix import cell_json
+
+        if not 0 <= args.show < args.n:
+            raise ExplorerError(f"fuzz: --show takes a conversation number from 0 to {args.n - 1}, got {args.show}")
+        scenario, cell = conversation(args.model, args.engine, args.seed, args.show)
+        if args.json:
+            _write_json({"conversation": args.show, "seed": args.seed, "cell": cell_json(cell)}, args.json)
+        if args.json != "-":
+            print(conversation_text(scenario, cell))
+        return 0
     report = run_fuzz(args.model, args.engine, args.n, args.seed, args.workers,
                       progress=None if args.quiet else stderr_progress())
     # Timings depend on the machine, not the seed: stderr, so that the JSON is the same for the same seed.
@@ -481,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--workers", type=int, help="processes (default: every core)")
     fuzz.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    fuzz.add_argument("--show", type=int, metavar="N", help="print conversation N of this seed (turn by turn, with "
+                      "its result and cause) instead of running all of them")
     fuzz.add_argument("--json", metavar="PATH|-")
     fuzz.set_defaults(func=cmd_fuzz)
     return parser

@@ -332,7 +332,7 @@ def _engines_where_it_renders(cell: CellResult) -> list[str]:
     for engine in (*list_engines(), "bridge"):
         if engine == current:
             continue
-        other = run_cell(cell.model, cell.scenario, engine, {k: v for k, v in cell.kwargs.items()})
+        other = run_cell(cell.model, cell.scenario, engine, dict(cell.kwargs))
         if other.status in ("holds", "breaks"):
             out.append(f"{engine_spec(other)} ({other.status})")
     return out

@@ -131,6 +131,7 @@ def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
 
 
 def _excerpt_table(excerpt: tuple[tuple[int, str], ...], line: int | None) -> None:
+    _css()  # monospace, whitespace kept: the template's indentation shows its nesting
     rows = "".join(
         f"<tr style='{'background:#fff8c5;font-weight:600' if n == line else ''}'><td>{n}</td>"
         f"<td class='tok'>{html.escape(text)}</td></tr>" for n, text in excerpt)

@@ -33,12 +33,12 @@ from pages.common import (
 
 # Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position), and nine model
 # columns (six models and three uploads) fit beside the sidebar at 1280 px.
-INDEX_WIDTH, PAIR_INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 230, 92, 35
+INDEX_WIDTH, PAIR_INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 240, 80, 35
 SIDE_BY_SIDE = "vLLM | SGLang"
 ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", SIDE_BY_SIDE)
 # Streamlit's wide layout keeps 5rem on each side and a 300 px sidebar: narrower, the matrix has room at 1280 px.
-PAGE_CSS = ("<style>.block-container{padding-left:1.5rem;padding-right:1.5rem}"
-            "section[data-testid='stSidebar']{width:270px !important;min-width:270px !important}</style>")
+PAGE_CSS = ("<style>.block-container{padding-left:1.25rem;padding-right:1.25rem}"
+            "section[data-testid='stSidebar']{width:250px !important;min-width:250px !important}</style>")
 VERSIONS = {name: [s.split("@")[1] for s in list_engines() if s.startswith(name + "@")] for name in ("vllm", "sglang")}
 
 
@@ -258,6 +258,7 @@ def _plot(cells: list[CellResult]) -> go.Figure:
 
 
 def main() -> None:
+    st.html(PAGE_CSS)
     st.title("Drift matrix")
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
@@ -293,7 +294,6 @@ def main() -> None:
     labels = _labels(grid, rows, columns, level, pairs=view == SIDE_BY_SIDE)
     frame = pd.DataFrame([[labels[(r.label, c.title)] for c in columns] for r in rows],
                          index=pd.Index([r.label for r in rows], name="scenario"), columns=[c.title for c in columns])
-    st.html(PAGE_CSS)
     st.caption(LEGEND)
     if view == SIDE_BY_SIDE:
         st.caption(f"Each scenario has a row for {_engine_spec('vllm')} and one for {_engine_spec('sglang')}; "
@@ -303,7 +303,7 @@ def main() -> None:
                                                     else INDEX_WIDTH, help=descriptions)}
     config.update({c.title: st.column_config.TextColumn(c.title, width=COLUMN_WIDTH, help=c.help) for c in columns})
     event = st.dataframe(frame.style.map(status_style), on_select="rerun", selection_mode="single-cell",
-                         key="matrix", column_config=config, height=ROW_HEIGHT * (len(rows) + 1) + 3)
+                         key="matrix", column_config=config, height=ROW_HEIGHT * (len(rows) + 1) + 3, width="content")
     cells_picked = event.selection.cells if event and event.selection else []
     # A click selects a cell once: the grid's selection outlives re-runs that rename a column (✎ after a kwarg
     # toggle) or change the rows (the side-by-side view), and must not re-select something else then.
