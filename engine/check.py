@@ -15,7 +15,7 @@ from pathlib import Path
 from engine.errors import ExplorerError
 from engine.matrix import cell_json
 from engine.models import load_model, special_token_vars
-from engine.sandbox import SandboxedRenderer
+from engine.sandbox import SandboxedRenderer, render_scope
 from engine.scenario import scenario_ids
 from engine.simulate import CellResult, run_cell_with
 from engine.uploads import PROBE_SCENARIO, UploadError, probe_prompt
@@ -86,10 +86,14 @@ def _wrap(text: str, first: str, rest: str) -> str:
 
 
 def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckReport:
-    try:
-        source = template.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ExplorerError(f"{template}: cannot read the template as UTF-8 text: {err}") from err
+    from engine.uploads import UploadLimits, decode_text, read_path
+
+    limits = UploadLimits.from_env()
+    # Read as an upload is: under its size cap, UTF-8 without NUL bytes or a BOM, not empty.
+    source = decode_text(read_path(template, "a chat template", limits.max_text_bytes,
+                                   limits.cap_setting("chat_template")), str(template))
+    if not source.strip():
+        raise ExplorerError(f"{template} is empty" + (" (only whitespace)" if source else ""))
     stock = load_model(model_id)
     special_tokens = special_token_vars(stock.spec)
     try:
@@ -100,5 +104,7 @@ def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckR
     renderer = SandboxedRenderer(source, model=f"{model_id} (custom)", source_path=template.name,
                                  special_tokens=special_tokens)
     model = replace(stock, renderer=renderer)
-    cells = tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids())
+    # One scope: a template that hits the time limit on one scenario is not rendered again on the others.
+    with render_scope():
+        cells = tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids())
     return CheckReport(model_id, template.name, engine, cells[0].engine_version if cells else "", cells)

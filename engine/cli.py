@@ -1,4 +1,10 @@
-"""`python -m engine <command>`: the library's command-line face. Each command prints for people, or JSON."""
+"""`python -m engine <command>`: the library's command-line face. Each command prints for people, or JSON.
+
+Exit codes, one meaning each: 0 the check holds / the evidence still matches / the command did its work;
+1 a scenario breaks (`check`) or the evidence no longer matches (`replay`); 2 bad input (a file, a model, a
+scenario, an engine or an option that is malformed or unknown), one sentence on stderr; 3 an internal error (a
+bug), one sentence on stderr. Input files are read under the upload size caps (engine/uploads.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
+from engine.parsers import known_engine
 from engine.provenance import spans
 
 
@@ -43,16 +50,38 @@ def _write_json(data: Any, target: str) -> None:
         Path(target).write_text(text, encoding="utf-8")
 
 
+def read_json_input(path: str, what: str) -> Any:
+    """A JSON file named on the command line, under the upload text cap; one sentence when it is not usable."""
+    from engine.uploads import UploadLimits, json_document, read_path
+
+    limits = UploadLimits.from_env()
+    return json_document(read_path(path, what, limits.max_text_bytes, limits.cap_setting("tokenizer_config")), path)
+
+
+def read_messages(path: str) -> tuple[list[dict], list[dict] | None]:
+    """`render --messages`: a list of messages, or {messages, tools}; each message an object with a string role."""
+    payload = read_json_input(path, "a messages JSON file")
+    messages = payload.get("messages") if isinstance(payload, dict) else payload
+    tools = payload.get("tools") if isinstance(payload, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise ExplorerError(f"{path}: expected a non-empty list of messages, or an object with one under "
+                            "\"messages\"")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ExplorerError(f"{path}: message {index} must be an object with a string \"role\"")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise ExplorerError(f"{path}: message {index}'s content must be a string, a list of parts or null")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ExplorerError(f"{path}: \"tools\" must be a list of objects")
+    return messages, tools
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from engine.models import load_model
 
     model = load_model(args.model, renderer=args.renderer)
-    try:
-        payload = json.loads(Path(args.messages).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ExplorerError(f"{args.messages}: cannot read messages JSON: {err}") from err
-    messages = payload["messages"] if isinstance(payload, dict) else payload
-    tools = payload.get("tools") if isinstance(payload, dict) else None
+    messages, tools = read_messages(args.messages)
     kwargs = {**model.spec.default_kwargs(), **parse_kwargs(args.kwargs)}
     rendered = model.renderer.render(messages, tools, add_generation_prompt=not args.no_generation_prompt,
                                      kwargs=kwargs)
@@ -105,6 +134,8 @@ def cmd_session(args: argparse.Namespace) -> int:
         return 0
     if not args.model or not args.script:
         raise ExplorerError("session needs --model and --script (only --what-if list runs without them)")
+    if args.engine:
+        known_engine(args.engine)
     model = load_model(args.model)
     script = load_session(args.script)
     kwargs = parse_kwargs(args.kwargs)
@@ -208,6 +239,8 @@ def parse_model_kwargs(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     from engine.evidence import evidence_html, matrix_evidence, matrix_markdown
     from engine.matrix import MatrixRequest, default_request, matrix_json, run_matrix
+    from engine.models import load_spec
+    from engine.scenario import load_scenario
 
     default = default_request()
     request = MatrixRequest(
@@ -216,6 +249,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         engines=tuple(_split(args.engines) or default.engines),
         kwargs=parse_model_kwargs(args.kwargs),
     )
+    for model_id in request.models:
+        load_spec(model_id)
+    for scenario_id in request.scenarios:
+        load_scenario(scenario_id)
+    for engine in request.engines:
+        known_engine(engine)
     cells = run_matrix(request)
     data = matrix_json(cells)
     if args.json:
@@ -234,10 +273,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.evidence import cell_evidence, cell_markdown, evidence_html
     from engine.models import load_model
+    from engine.scenario import load_scenario
     from engine.simulate import run_cell
 
-    cell = run_cell(args.model, args.scenario, args.engine, parse_kwargs(args.kwargs))
     model = load_model(args.model)
+    load_scenario(args.scenario)
+    cell = run_cell(args.model, args.scenario, known_engine(args.engine), parse_kwargs(args.kwargs))
     if not (args.json or args.markdown or args.html):
         raise ExplorerError("export needs at least one of --json, --markdown, --html")
     if args.json:
@@ -270,7 +311,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from engine.check import check_template
 
-    report = check_template(args.model, Path(args.template), args.engine)
+    report = check_template(args.model, Path(args.template), known_engine(args.engine))
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -465,5 +506,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ExplorerError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - a bug (or a library's panic): one sentence, not a traceback
+        print(f"error: {args.command} stopped with an internal error ({type(err).__name__}: "
+              f"{_one_line(str(err))}); please report it", file=sys.stderr)
+        return 3
+
+
+def _one_line(text: str, size: int = 2000) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= size else text[: size - 1] + "…"

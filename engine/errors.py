@@ -26,3 +26,9 @@ class RenderError(ExplorerError):
 
 class TokenizerUnavailable(ExplorerError):
     """The model has no tokenizer here; string-level results still work."""
+
+
+def is_panic(err: BaseException) -> bool:
+    """A Rust panic surfaced by pyo3 (`pyo3_runtime.PanicException`, e.g. from tiktoken or tokenizers). It derives
+    from BaseException, so `except Exception` misses it; each extension defines its own class, hence the name test."""
+    return type(err).__name__ == "PanicException"

@@ -24,7 +24,7 @@ from engine.errors import ExplorerError
 from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
-from engine.scenario import SCENARIOS_DIR, load_scenario, preamble_library
+from engine.scenario import SCENARIOS_DIR, load_scenario, load_yaml, preamble_library
 from engine.simulate import Boundary, Cause, CellResult, run_cell, run_cell_with
 from engine.tokenize import Tokenizer
 from engine.types import Rendered, Tokens
@@ -405,10 +405,8 @@ def _scenario_json(scenario_id: str) -> dict:
     scenario = load_scenario(scenario_id)
     path = SCENARIOS_DIR.parent / scenario.source
     data = path.read_bytes()
-    import yaml
-
     out = {"id": scenario.id, "description": scenario.description, "source": scenario.source,
-           "sha256": hashlib.sha256(data).hexdigest(), "data": yaml.safe_load(data)}
+           "sha256": hashlib.sha256(data).hexdigest(), "data": load_yaml(data, scenario.source)}
     if scenario.preamble:
         text = preamble_library()[scenario.preamble]
         out["preamble"] = {"name": scenario.preamble, "source": "scenarios/preambles.yaml",
@@ -730,12 +728,47 @@ _COMPARED = ("status", "string_prefix", "token_prefix", "reused_tokens", "prefil
 
 def _replay_one(evidence: dict, where: str) -> list[str]:
     try:
+        return _replay_checked(evidence, where)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        # The file was checked for what it names (model, scenario, engine, kwargs); the rest is compared as found.
+        raise ExplorerError(f"{where}: not drift evidence: a {type(err).__name__} reading {str(err)[:80]}") from None
+
+
+def _check_kwargs(kwargs: dict, model: LoadedModel, where: str) -> None:
+    """Template kwargs from a file: names are identifiers, and a kwarg the model declares has its default's type
+    (scenario kwargs the model does not declare pass through, as they do in the matrix)."""
+    declared = {k.name: k.default for k in model.spec.template_kwargs}
+    for name, value in kwargs.items():
+        if not name.isidentifier():
+            raise ExplorerError(f"{where}: reproduce.kwargs holds {name[:40]!r}, which is not a template kwarg name")
+        default = declared.get(name)
+        if default is not None and type(value) is not type(default):
+            raise ExplorerError(f"{where}: reproduce.kwargs {name} must be {type(default).__name__} for "
+                                f"{model.id}, got {json.dumps(value)[:40]}")
+
+
+def _replay_checked(evidence: dict, where: str) -> list[str]:
+    from engine.parsers import known_engine
+
+    try:
         repro = evidence["reproduce"]
         model_id, scenario_id, engine, kwargs = repro["model"], repro["scenario"], repro["engine"], repro["kwargs"]
     except (KeyError, TypeError) as err:
         raise ExplorerError(f"{where}: not drift evidence: missing {err}") from err
+    if not isinstance(evidence.get("result"), dict):
+        raise ExplorerError(f"{where}: not drift evidence: \"result\" must be an object")
+    if not isinstance(kwargs, dict):
+        raise ExplorerError(f"{where}: reproduce.kwargs must be an object, not {type(kwargs).__name__}")
+    try:
+        if not isinstance(model_id, str):
+            raise ValueError(f"unknown model of type {type(model_id).__name__}")
+        load_scenario(scenario_id)
+        known_engine(engine)
+    except (ExplorerError, ValueError) as err:
+        raise ExplorerError(f"{where}: reproduce names {err}") from None
     upload = evidence.get("upload")
     model = upload_model(upload, where) if upload is not None else load_model(model_id)
+    _check_kwargs(kwargs, model, where)
     diffs = []
     for name, digest in evidence.get("asset_hashes", {}).items():
         now = model.asset_hashes.get(name)
@@ -773,14 +806,17 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
 
 def replay(path: Path) -> ReplayReport:
     """Recompute every cell of an exported evidence file and list what no longer matches."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ExplorerError(f"{path}: cannot read evidence JSON: {err}") from err
+    from engine.uploads import UploadLimits, json_document, read_path
+
+    limits = UploadLimits.from_env()
+    data = json_document(read_path(path, "an evidence JSON file", limits.max_tokenizer_bytes,
+                                   limits.cap_setting("tokenizer")), str(path))
     if not isinstance(data, dict) or data.get("format") != EVIDENCE_FORMAT:
-        raise ExplorerError(f"{path}: not a {EVIDENCE_FORMAT} file (format is {data.get('format')!r})"
+        raise ExplorerError(f"{path}: not a {EVIDENCE_FORMAT} file (format is {repr(data.get('format'))[:40]})"
                             if isinstance(data, dict) else f"{path}: not a {EVIDENCE_FORMAT} file")
     items = data["cells"] if "cells" in data else [data]
+    if not isinstance(items, list) or not items or not all(isinstance(item, dict) for item in items):
+        raise ExplorerError(f"{path}: \"cells\" must be a non-empty list of cell evidence objects")
     diffs: list[str] = []
     for i, item in enumerate(items):
         diffs += _replay_one(item, f"{path.name}[{i}]" if "cells" in data else path.name)

@@ -68,6 +68,10 @@ def default_model_ids() -> list[str]:
 
 @cache
 def load_spec(model_id: str) -> ModelSpec:
+    # An id from outside (a link, evidence, the CLI) is looked up among the known ones, never used as a path.
+    if not isinstance(model_id, str) or model_id not in model_ids():
+        shown = repr(model_id)[:80] if isinstance(model_id, str) else f"of type {type(model_id).__name__}"
+        raise ExplorerError(f"unknown model {shown}; known models: {', '.join(model_ids())}")
     path = MODEL_ASSETS / model_id / "model.toml"
     if not path.is_file():
         raise ExplorerError(f"unknown model {model_id!r}: no {path}; known models: {', '.join(model_ids())}")

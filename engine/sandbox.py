@@ -12,6 +12,11 @@ a long-lived worker (`python -c ...` speaking over pipes), which the caller kill
 | recursion depth | 200 nested macro calls / recursive loop levels | `DRIFT_RENDER_MAX_DEPTH` | in the worker |
 | memory | 1024 MB address space | `DRIFT_RENDER_MEMORY_MB` | `setrlimit(RLIMIT_AS)` in the worker |
 | worker start (imports transformers) | 60 s | `DRIFT_RENDER_STARTUP_TIMEOUT_S` | by the caller; not render time |
+| render workers kept (one per template, ~65 MB each) | 8 | `DRIFT_RENDER_MAX_WORKERS` | oldest idle one stopped |
+
+Each template renders in a worker of its own, so one that runs into the time limit never makes another template's
+renders wait. Within one `render_scope()` (a page view, a `check` run, an upload's validation) a template that hit a
+limit is not rendered again: the next render of it raises the same limit at once, so a view pays a limit once.
 
 After any limit the worker is killed and restarted; the caller gets `RenderLimitExceeded` whose message is one
 sentence naming the template file, the model and the limit. A normal render costs about a millisecond more than
@@ -29,6 +34,8 @@ API:
     TemplateSyntaxProblem(RenderError)          the template does not parse; `.source_line`, `.column`, `.detail`
     run_bounded(function, *args, ...)           one call of an allow-listed engine function in a fresh worker
                                                 (uploads use it to load tokenizer files under time/memory limits)
+    render_scope()                              context manager: one view; a template that hit a limit inside it
+                                                is not rendered again there
     shutdown_workers()                          stop every worker this process started
 """
 
@@ -48,12 +55,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ExplorerError, RenderError
+from engine.errors import ExplorerError, RenderError, is_panic
 from engine.render.constructs import Construct, Evaluation
 from engine.types import Rendered, RenderRequest
 
@@ -75,6 +85,7 @@ class RenderLimits:
     max_depth: int = 200
     memory_mb: int = 1024
     startup_timeout_s: float = 60.0
+    max_workers: int = 8
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -134,6 +145,23 @@ class TemplateSyntaxProblem(RenderError):
         super().__init__(message, model=model, path=path, source_line=source_line)
         self.detail = detail
         self.column = column
+
+
+# Template key -> the limit it hit in the current scope (None outside any scope: every render runs).
+_tripped: ContextVar[dict[str, RenderLimitExceeded] | None] = ContextVar("sandbox_tripped", default=None)
+
+
+@contextmanager
+def render_scope() -> Iterator[dict[str, RenderLimitExceeded]]:
+    """One view (a page run, a `check`, an upload's validation): a template that hits a limit inside it is not
+    rendered again inside it; its later renders raise at once, saying so. Yields the limits hit so far, by
+    template key."""
+    tripped: dict[str, RenderLimitExceeded] = {}
+    token = _tripped.set(tripped)
+    try:
+        yield tripped
+    finally:
+        _tripped.reset(token)
 
 
 class _Timeout(Exception):
@@ -233,30 +261,41 @@ _WORKER_ENV = {
     "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1",
 }
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
-_pool: dict[int, _Worker] = {}
+# Render workers by (memory limit, template key): each template renders in a worker of its own, so a slow template
+# never queues another's renders. At most `max_workers` are kept (least recently used idle ones are stopped) and one
+# spare per memory limit is started ahead, so a template seen for the first time does not wait for a process start.
+_pool: OrderedDict[tuple[int, str], _Worker] = OrderedDict()
+_spares: dict[int, _Worker] = {}
 _pool_lock = threading.Lock()
 
 
-def _render_worker(memory_mb: int) -> _Worker:
-    # One worker per memory limit: RLIMIT_AS is set once, when the worker starts.
+def _render_worker(memory_mb: int, key: str, max_workers: int) -> _Worker:
     with _pool_lock:
-        worker = _pool.get(memory_mb)
-        if worker is None:
-            worker = _pool[memory_mb] = _Worker(memory_mb, preload_render=True)
-        return worker
-
-
-def render_worker_pid(limits: RenderLimits | None = None) -> int | None:
-    """The process id of the render worker for these limits (None before its first use); for tests and status."""
-    worker = _pool.get((limits or RenderLimits.from_env()).memory_mb)
-    return worker.pid if worker is not None else None
+        worker = _pool.get((memory_mb, key))
+        if worker is not None:
+            _pool.move_to_end((memory_mb, key))
+            return worker
+        worker = _spares.pop(memory_mb, None) or _Worker(memory_mb, preload_render=True)
+        _pool[(memory_mb, key)] = worker
+        idle = [k for k, w in _pool.items() if k != (memory_mb, key) and not w.lock.locked()]
+        stopped = [_pool.pop(k) for k in idle[: max(0, len(_pool) - max_workers)]]
+        spare = _spares[memory_mb] = _Worker(memory_mb, preload_render=True)
+    spare.start()
+    for old in stopped:
+        if old.lock.acquire(blocking=False):  # taken again since: it stops when its current render ends
+            try:
+                old.kill()
+            finally:
+                old.lock.release()
+    return worker
 
 
 def shutdown_workers() -> None:
     """Stop every worker this process started (they also exit by themselves when this process ends)."""
     with _pool_lock:
-        workers = list(_pool.values())
+        workers = [*_pool.values(), *_spares.values()]
         _pool.clear()
+        _spares.clear()
     for worker in workers:
         with worker.lock:
             worker.kill()
@@ -363,6 +402,12 @@ class SandboxedRenderer:
     def source_lines(self) -> list[str]:
         return self._source.splitlines()
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The process id of the worker that renders this template (for tests and status)."""
+        worker = _pool.get((self.limits.memory_mb, self._key))
+        return worker.pid if worker is not None else None
+
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:
         reply = self._request("render", {"messages": messages, "tools": tools,
@@ -426,7 +471,22 @@ class SandboxedRenderer:
         request = {"op": op, "key": self._key, "source": self._source, "model": self.model,
                    "source_path": self.source_path, "special_tokens": self._special_tokens,
                    "max_chars": limits.max_chars, "max_depth": limits.max_depth, **extra}
-        worker = _render_worker(limits.memory_mb)
+        tripped = _tripped.get()
+        earlier = tripped.get(self._key) if tripped is not None else None
+        if earlier is not None:
+            raise RenderLimitExceeded(f"{earlier} earlier in this view, so it was not rendered again",
+                                      limit=earlier.limit, model=self.model, path=self.source_path,
+                                      source_line=earlier.source_line)
+        try:
+            return self._exchange(op, request)
+        except RenderLimitExceeded as err:
+            if tripped is not None:
+                tripped[self._key] = err
+            raise
+
+    def _exchange(self, op: str, request: dict) -> dict:
+        limits = self.limits
+        worker = _render_worker(limits.memory_mb, self._key, limits.max_workers)
         with worker.lock:
             try:
                 worker.ensure_ready(limits.startup_timeout_s)
@@ -502,6 +562,9 @@ def run_bounded(function: str, *args: Any, timeout_s: float, memory_mb: int, wha
     if isinstance(error, dict) and error.get("kind") == "limit":
         raise RenderLimitExceeded(f"{what} could not be loaded within the {memory_mb} MB memory limit",
                                   limit="memory", path=what)
+    if isinstance(error, dict) and error.get("kind") == "panic":
+        raise ExplorerError(f"{what} could not be loaded: the library loading it stopped with "
+                            f"\"{error.get('message')}\"")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         raise ExplorerError(error["message"])
     raise ExplorerError(f"{what}: the sandbox worker sent a malformed reply")
@@ -700,6 +763,10 @@ class _WorkerState:
             return {"error": {"kind": "explorer", "message": _cap(str(err))}}
         except MemoryError:
             return {"error": {"kind": "limit", "limit": "memory", "message": "memory limit"}}
+        except BaseException as err:
+            if not is_panic(err):
+                raise
+            return {"error": {"kind": "panic", "message": _cap(str(err))}}
 
 
 def _as_reply_value(value: Any) -> Any:

@@ -1,4 +1,8 @@
-"""Scenarios are data (`scenarios/*.yaml`): model-independent scripts of turns plus the output knobs they set."""
+"""Scenarios are data (`scenarios/*.yaml`): model-independent scripts of turns plus the output knobs they set.
+
+A scenario id from outside (a link, `--scenarios`, evidence) is looked up among `scenario_ids()`, never used as a
+path. YAML is read by `load_yaml`: the safe loader, at most 1 MB and 32 aliases, each refusal one sentence.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,37 @@ from engine.errors import ExplorerError
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+MAX_YAML_BYTES = 1024 * 1024
+MAX_YAML_ALIASES = 32  # none of our files needs one; a few cannot expand into a bomb
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader, counting aliases: nested aliases expand exponentially ("billion laughs")."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(f"it uses more than {MAX_YAML_ALIASES} aliases")
+        return super().compose_node(parent, index)
+
+
+def load_yaml(data: bytes | str, source: str) -> Any:
+    """A YAML document through the safe loader under the size and alias limits; ExplorerError names `source`."""
+    size = len(data.encode("utf-8") if isinstance(data, str) else data)
+    if size > MAX_YAML_BYTES:
+        raise ExplorerError(f"{source} is {size:,} bytes, over the {MAX_YAML_BYTES:,}-byte limit for YAML files")
+    try:
+        return yaml.load(data, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ExplorerError(f"{source} is not usable YAML: {problem}{where}") from None
+    except RecursionError:
+        raise ExplorerError(f"{source} is not usable YAML: it is nested too deeply") from None
 
 
 @dataclass(frozen=True)
@@ -47,12 +82,12 @@ class Scenario:
 
 @cache
 def tool_library() -> dict[str, dict]:
-    return yaml.safe_load((SCENARIOS_DIR / "tools.yaml").read_text(encoding="utf-8"))
+    return load_yaml((SCENARIOS_DIR / "tools.yaml").read_bytes(), "scenarios/tools.yaml")
 
 
 @cache
 def preamble_library() -> dict[str, str]:
-    return yaml.safe_load((SCENARIOS_DIR / "preambles.yaml").read_text(encoding="utf-8"))
+    return load_yaml((SCENARIOS_DIR / "preambles.yaml").read_bytes(), "scenarios/preambles.yaml")
 
 
 LIBRARY_FILES = ("tools", "preambles")  # scenarios/*.yaml that hold what scenarios refer to, not scenarios
@@ -62,13 +97,23 @@ def scenario_ids() -> list[str]:
     return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem not in LIBRARY_FILES)
 
 
-@cache
 def load_scenario(scenario_id: str) -> Scenario:
+    """The scenario of that id; an id that is not one of `scenario_ids()` is one sentence, never a path."""
+    known = scenario_ids()
+    if not isinstance(scenario_id, str) or scenario_id not in known:
+        shown = repr(scenario_id)[:80] if isinstance(scenario_id, str) else f"of type {type(scenario_id).__name__}"
+        raise ExplorerError(f"unknown scenario {shown}; known: {', '.join(known)}")
+    return _load_scenario(scenario_id)
+
+
+@cache
+def _load_scenario(scenario_id: str) -> Scenario:
     path = SCENARIOS_DIR / f"{scenario_id}.yaml"
-    if not path.is_file():
-        raise ExplorerError(f"unknown scenario {scenario_id!r}; known: {', '.join(scenario_ids())}")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return scenario_from_data(raw, str(path.relative_to(SCENARIOS_DIR.parent)))
+    source = str(path.relative_to(SCENARIOS_DIR.parent))
+    raw = load_yaml(path.read_bytes(), source)
+    if not isinstance(raw, dict):
+        raise ExplorerError(f"scenario {source} is malformed: it must be a mapping")
+    return scenario_from_data(raw, source)
 
 
 CLIENT_SETTINGS = {"send_reasoning": True}  # what an OpenAI-style client does unless a scenario says otherwise
@@ -112,5 +157,5 @@ def scenario_from_data(raw: dict, source: str) -> Scenario:
         return Scenario(id=raw["id"], description=raw.get("description", ""), tools=tools,
                         system=system, turns=tuple(turns), kwargs=dict(raw.get("kwargs") or {}),
                         source=source, client=_client_settings(raw.get("client")), preamble=preamble)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ExplorerError(f"scenario {source} is malformed: {err}") from err
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ExplorerError(f"scenario {source} is malformed: {err}"[:300]) from err

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,14 +108,29 @@ def session_ids() -> list[str]:
 
 
 def load_session(name_or_path: str) -> SessionScript:
+    """A session script by built-in name or path: JSON under the upload text cap, at most MAX_SESSION_STEPS steps
+    (DRIFT_SESSION_MAX_STEPS, default 200), each problem one sentence."""
+    from engine.uploads import UploadLimits, json_document, read_path
+
     path = Path(name_or_path)
-    if not path.is_file():
+    if name_or_path in session_ids():
         path = SESSIONS_DIR / f"{name_or_path}.json"
-    if not path.is_file():
+    elif not path.exists():
         known = ", ".join(session_ids())
         raise ExplorerError(f"no session script {name_or_path!r}: not a file, and not one of {known}")
+    limits = UploadLimits.from_env()
+    data = read_path(path, "a session script", limits.max_text_bytes, limits.cap_setting("tokenizer_config"))
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json_document(data, str(path))
+    except ExplorerError as err:
+        raise ExplorerError(f"session script {path} is malformed: {err}") from None
+    if not isinstance(raw, dict):
+        raise ExplorerError(f"session script {path} is malformed: it must be a JSON object")
+    most = max_session_steps()
+    if isinstance(raw.get("steps"), list) and len(raw["steps"]) > most:
+        raise ExplorerError(f"session script {path} has {len(raw['steps'])} steps, over the limit of {most} "
+                            f"({MAX_STEPS_ENV})")
+    try:
         stamp = raw.get("timestamp", {})
         script = SessionScript(
             id=raw.get("id", path.stem),
@@ -134,10 +150,34 @@ def load_session(name_or_path: str) -> SessionScript:
     for i, step in enumerate(script.steps):
         if not isinstance(step, dict) or step.get("role") not in STEP_ROLES:
             raise ExplorerError(f"session script {path}: step {i} must be a message whose role is one of "
-                                f"{', '.join(STEP_ROLES)}, got {step!r:.80}")
+                                f"{', '.join(STEP_ROLES)}, got {_short_repr(step)}")
+        if not isinstance(step.get("content", ""), str | type(None)):
+            raise ExplorerError(f"session script {path}: step {i}'s content must be a string, not "
+                                f"{type(step['content']).__name__}")
     if not script.request_steps:
         raise ExplorerError(f"session script {path} has no user or tool message, so it makes no request")
     return script
+
+
+MAX_STEPS_ENV = "DRIFT_SESSION_MAX_STEPS"
+
+
+def max_session_steps() -> int:
+    """The most steps a session script may hold: each request re-renders and re-tokenizes the whole history."""
+    raw = os.environ.get(MAX_STEPS_ENV, "").strip()
+    if not raw:
+        return 200
+    if not raw.isdigit() or int(raw) < 1:
+        raise ExplorerError(f"environment variable {MAX_STEPS_ENV} must be a whole number greater than 0, got {raw!r}")
+    return int(raw)
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"a nested {type(value).__name__}"
+    return text[:80]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tiktoken
 
-from engine.errors import AssetError
+from engine.errors import AssetError, is_panic
 from engine.types import Tokens
 
 KIMI_SPECIAL_TOKENS_JSON = Path(__file__).resolve().parent.parent / "model_assets" / "kimi-k2.6" / "special_tokens.json"
@@ -44,8 +44,13 @@ class TiktokenTokenizer:
 
     def encode(self, text: str) -> Tokens:
         ids: list[int] = []
-        for piece in self._pieces(text):
-            ids.extend(self._enc.encode(piece, allowed_special="all"))
+        try:
+            for piece in self._pieces(text):
+                ids.extend(self._enc.encode(piece, allowed_special="all"))
+        except BaseException as err:
+            if not is_panic(err):
+                raise
+            raise AssetError(f"{self.name} cannot encode this text: tiktoken stopped with \"{err}\"") from None
         return Tokens(ids=tuple(ids), offsets=self._offsets(text, ids), text=text)
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
@@ -177,6 +182,7 @@ def load_kimi(tiktoken_model_path: Path, *, expected_sha256: str | None = None) 
             f"Kimi tokenizer file {path.name} has {len(ranks)} ranks, expected {base_count}: "
             "this is not Kimi K2's tiktoken.model."
         )
+    check_single_bytes(ranks, path.name)
     named = {int(token_id): text for token_id, text in table["special_tokens"].items()}
     special_count = int(table["special_token_slots"])
     # tokenization_kimi.py names every slot after the base ranks; slots absent from the table are reserved.
@@ -228,6 +234,20 @@ def parse_tiktoken_ranks(contents: bytes, file_name: str) -> dict[bytes, int]:
         missing = min(set(range(len(ranks))) - seen_ranks)
         raise AssetError(f"{file_name}: ranks are not contiguous, rank {missing} is missing.")
     return ranks
+
+
+def check_single_bytes(ranks: dict[bytes, int], file_name: str) -> None:
+    """tiktoken's BPE starts from single bytes: without one, encoding any text holding it panics in Rust."""
+    lacking = [byte for byte in range(256) if bytes([byte]) not in ranks]
+    if lacking:
+        more = f" and {len(lacking) - 1} other single bytes" if len(lacking) > 1 else ""
+        raise AssetError(f"{file_name}: the rank table lacks the single byte {_byte(lacking[0])}{more}; a tiktoken "
+                         "table needs all 256, or text holding them cannot be encoded.")
+
+
+def _byte(value: int) -> str:
+    char = chr(value)
+    return f"0x{value:02x} ({char!r})" if char.isprintable() and value < 0x80 else f"0x{value:02x}"
 
 
 def _show(raw: bytes) -> str:

@@ -20,7 +20,9 @@ The caps are far above real files (chat templates are tens of KB, the largest Hu
    `add_bos_token: true` are settings and are skipped); `added_tokens_decoder` maps ids to `{"content": ...}`;
 4. Jinja syntax, compiled in the sandbox (engine/sandbox.py), with the line and column of the error;
 5. that the template renders the base model's basic conversation (the first request of scenario `tool-call`)
-   within the render limits, to a non-empty prompt;
+   within the render limits, to a non-empty prompt, and then every request of every scenario within the render
+   limits and `DRIFT_UPLOAD_CHECK_BUDGET_S` (30 s) in all: a template that hits a limit on any of them (one that
+   loops only on later turns) is refused, so no matrix view ever waits on it;
 6. `tokenizer.json` (JSON object with `model.type` and an `added_tokens` list, loads with `tokenizers`) or
    `tiktoken.model` (`<base64> <rank>` lines, distinct contiguous ranks, Kimi's rank count), each loaded in a
    fresh worker under `DRIFT_UPLOAD_LOAD_TIMEOUT_S` (60 s) and `DRIFT_UPLOAD_LOAD_MEMORY_MB` (3072 MB);
@@ -71,6 +73,7 @@ class UploadLimits:
     max_tokenizer_bytes: int = 50 * _MB
     load_timeout_s: float = 60.0
     load_memory_mb: int = 3072
+    check_budget_s: float = 30.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -124,6 +127,21 @@ def read_capped(stream: BinaryIO, name: str, role: str, limits: UploadLimits | N
     return data
 
 
+def read_path(path: str | os.PathLike, what: str, cap: int, setting: str) -> bytes:
+    """A file named on the command line, read as an upload is: refused past `cap` bytes without reading it whole
+    (so `/dev/zero` or a huge file is one sentence), or when it is a folder or cannot be opened."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(cap + 1)
+    except IsADirectoryError:
+        raise UploadError(f"{path} is a folder, not {what}") from None
+    except OSError as err:
+        raise UploadError(f"{path} cannot be read as {what} ({err.strerror or err})") from None
+    if len(data) > cap:
+        raise UploadError(f"{path} is larger than the {_size(cap)} limit for {what} ({setting})")
+    return data
+
+
 def validate_upload(base_model: str, files: dict[str, tuple[str, bytes]], *, limits: UploadLimits | None = None,
                     render_limits: RenderLimits | None = None) -> ValidatedUpload:
     """Check every file of one upload (role -> (original name, bytes)); raise UploadError on the first problem."""
@@ -166,6 +184,8 @@ def validate_upload(base_model: str, files: dict[str, tuple[str, bytes]], *, lim
         template_source, template_name = decode_text(bytes(data), name), name
 
     prompt = probe_prompt(base_model, spec, template_source, template_name, special_tokens, render_limits)
+    if template_source is not None and template_name is not None:
+        _render_every_scenario(base_model, template_source, template_name, special_tokens, render_limits, limits)
     if "tokenizer" in files or "tiktoken" in files:
         role = "tokenizer" if "tokenizer" in files else "tiktoken"
         name, data = files[role]
@@ -213,6 +233,9 @@ def decode_text(data: bytes, name: str) -> str:
     except UnicodeDecodeError as err:
         raise UploadError(f"{name} is not UTF-8 text: byte 0x{data[err.start]:02x} at byte offset {err.start} "
                           f"cannot be decoded ({err.reason})") from None
+    if text.startswith("\ufeff"):
+        raise UploadError(f"{name} starts with a byte-order mark (U+FEFF), which would become the first character "
+                          "of every prompt: save it as UTF-8 without a BOM")
     nul = text.find("\x00")
     if nul >= 0:
         raise UploadError(f"{name} contains a NUL byte at byte offset {len(text[:nul].encode('utf-8'))}: it is a "
@@ -220,7 +243,8 @@ def decode_text(data: bytes, name: str) -> str:
     return text
 
 
-def _json_document(data: bytes, name: str) -> Any:
+def json_document(data: bytes, name: str) -> Any:
+    """UTF-8 JSON (decode_text's checks), or UploadError naming the file, the line and column."""
     text = decode_text(data, name)
     try:
         return json.loads(text)
@@ -232,7 +256,7 @@ def _json_document(data: bytes, name: str) -> Any:
 
 def parse_tokenizer_config(data: bytes, name: str) -> tuple[str | None, dict[str, str]]:
     """(the chat template or None, the special-token template variables) of a tokenizer_config.json."""
-    config = _json_document(data, name)
+    config = json_document(data, name)
     if not isinstance(config, dict):
         raise UploadError(f"{name} must be a JSON object, not {_json_kind(config)}")
     template = config.get("chat_template")
@@ -316,6 +340,37 @@ def probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str
     return text
 
 
+def _render_every_scenario(base_model: str, source: str, name: str, special_tokens: dict[str, str],
+                           render_limits: RenderLimits | None, limits: UploadLimits) -> None:
+    """Every request of every scenario, as the matrix renders them (engine raw), within the render limits and the
+    validation budget; a template error on a scenario is that cell's result, not a refusal."""
+    import dataclasses
+    import time
+
+    from engine.models import load_model
+    from engine.sandbox import SandboxedRenderer, render_scope
+    from engine.scenario import scenario_ids
+    from engine.simulate import run_cell_with
+
+    renderer = SandboxedRenderer(source, model=f"{base_model} (upload)", source_path=name,
+                                 special_tokens=special_tokens, limits=render_limits)
+    model = dataclasses.replace(load_model(base_model), renderer=renderer)
+    scenarios = scenario_ids()
+    started = time.monotonic()
+    with render_scope() as tripped:
+        for done, scenario in enumerate(scenarios, start=1):
+            run_cell_with(model, scenario, "raw", {}, explain=False)
+            if tripped:
+                limit = next(iter(tripped.values()))
+                raise UploadError(f"{limit} on scenario {scenario}; a template that hits a limit on any scenario "
+                                  "is refused, so that no view waits on it")
+            elapsed = time.monotonic() - started
+            if elapsed > limits.check_budget_s and done < len(scenarios):
+                raise UploadError(f"{name} took {elapsed:.1f} s to render {done} of the {len(scenarios)} scenarios, "
+                                  f"over the {limits.check_budget_s:g} s budget for validating an upload "
+                                  "(DRIFT_UPLOAD_CHECK_BUDGET_S)")
+
+
 _MARKER = re.compile(r"<\|[^|\s<>]{1,64}\|>|<｜[^｜\s<>]{1,64}｜>")
 _MARKER_SHAPED = re.compile(r"<[^<>\s]{1,64}>|\[[^\[\]\s]{1,64}\]")
 
@@ -359,7 +414,7 @@ def _bounded_inspect(function: str, data: bytes, name: str, probes: list[str], p
 
 def inspect_tokenizer_json(data: bytes, name: str, probes: list[str], sample: str) -> dict:
     """Structure, load and probe of a tokenizer.json: {"single": {probe: id or None}, "vocab_size", ...}."""
-    document = _json_document(data, name)
+    document = json_document(data, name)
     if not isinstance(document, dict):
         raise UploadError(f"{name} must be a JSON object, not {_json_kind(document)}")
     model = document.get("model")

@@ -7,19 +7,34 @@ The folder is `$DRIFT_WORKSPACE`, else `~/.drift-explorer/workspace` (`default_r
     .tmp-<id>-<random>/          an upload being written: every file and meta.json are written to temporary names,
                                  fsynced and renamed, then the whole folder is renamed to <upload id>
 
-So an upload is either complete or absent: a crash leaves at most a `.tmp-*` folder, which `list()` reports and
-never reads. The id is a hash of the base model and the files' hashes, so uploading the same files again gives
-the same id (and returns the stored upload, label unchanged). Results are recomputed from these stored inputs,
-so a restart loses nothing.
+So an upload is either complete or absent: a crash leaves at most a `.tmp-*` folder, which `list()` never reads
+and `tidy()` (run once when the app starts) removes once it is a minute old. The id is a hash of the base model
+and the files' hashes, so uploading the same files again gives the same id (and returns the stored upload, label
+unchanged). Results are recomputed from these stored inputs, so a restart loses nothing.
+
+The operator's settings (environment variables; the page only shows them):
+
+| setting | default | env var |
+|---|---|---|
+| the folder | `~/.drift-explorer/workspace` | `DRIFT_WORKSPACE` |
+| read-only: no upload or removal through the app (a shared deployment) | off | `DRIFT_WORKSPACE_READONLY=1` |
+| uploads kept at most | 200 | `DRIFT_WORKSPACE_MAX_UPLOADS` |
+| uploaded models kept loaded (tokenizers shared by sha256) | 4 | `DRIFT_WORKSPACE_LOADED_MODELS` |
+
+Labels are unique per base model (a second "custom" for qwen3.5 becomes "custom-2"), so every column has its own
+name. Entries that are not uploads are summed up in one sentence; a symbolic link is never followed; a `meta.json`
+that is not JSON, nested too deep, or names an unknown base model marks that upload damaged, with its sentence.
 
 API:
-    Workspace(root=None)            .root (a Path)
-    .add(base_model, {role: (original name, bytes)}, label=None) -> Upload
+    Workspace(root=None, read_only=None)
+                                    .root (a Path), .read_only (from DRIFT_WORKSPACE_READONLY unless given)
+    .add(base_model, {role: (original name, bytes)}, label=None, uploader="") -> Upload
                                     roles: chat_template, tokenizer_config, tokenizer, tiktoken (engine/uploads.py);
                                     raises UploadError (one sentence naming the file and the problem)
     .list() -> WorkspaceListing     .uploads (oldest first) and .skipped (one sentence per damaged or unfinished
                                     entry); iterating it yields the uploads
     .get(upload_id) -> Upload       .remove(upload_id): deletes that upload's folder and nothing else
+    .tidy() -> str | None           removes interrupted writes and deletions; one sentence saying what it removed
     .load_model(upload_id, limits=None) -> engine.models.LoadedModel
                                     the base model with the uploaded template (rendered in engine/sandbox.py) and
                                     tokenizer; its id is "<base>+<label>" and asset_hashes hold the uploads' sha256
@@ -35,11 +50,14 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ExplorerError
 from engine.uploads import ROLES, UploadError, UploadLimits, parse_tokenizer_config, validate_upload
@@ -49,6 +67,9 @@ if TYPE_CHECKING:
     from engine.sandbox import RenderLimits
 
 WORKSPACE_ENV = "DRIFT_WORKSPACE"
+READ_ONLY_ENV = "DRIFT_WORKSPACE_READONLY"
+MAX_UPLOADS_ENV = "DRIFT_WORKSPACE_MAX_UPLOADS"
+LOADED_MODELS_ENV = "DRIFT_WORKSPACE_LOADED_MODELS"
 META = "meta.json"
 _ID = re.compile(r"[0-9a-f]{16}")
 _SUFFIX = {"chat_template": ".jinja", "tokenizer_config": ".json", "tokenizer": ".json", "tiktoken": ".model"}
@@ -58,6 +79,19 @@ _META_VERSION = 1
 def default_root() -> Path:
     configured = os.environ.get(WORKSPACE_ENV, "").strip()
     return Path(configured).expanduser() if configured else Path.home() / ".drift-explorer" / "workspace"
+
+
+def read_only_setting() -> bool:
+    return os.environ.get(READ_ONLY_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _count_setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ExplorerError(f"environment variable {name} must be a whole number greater than 0, got {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -80,6 +114,7 @@ class Upload:
     created: str  # ISO 8601, UTC
     files: tuple[StoredFile, ...]
     path: Path  # the upload's folder
+    uploader: str = ""  # who uploaded it, as the app knew them (empty: unknown)
 
     @property
     def model_id(self) -> str:
@@ -105,20 +140,32 @@ class WorkspaceListing:
         return len(self.uploads)
 
 
-_models: dict[tuple[str, str, RenderLimits | None], LoadedModel] = {}
+# Loaded uploaded models, least recently used first (at most DRIFT_WORKSPACE_LOADED_MODELS); their tokenizers by
+# sha256, shared and held only while a loaded model holds them.
+_models: OrderedDict[tuple[str, str, RenderLimits | None], LoadedModel] = OrderedDict()
+_tokenizers: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
 _models_lock = threading.Lock()
+_TIDY_AGE_S = 60.0  # younger staging folders may belong to a write under way in another process
 
 
 class Workspace:
-    def __init__(self, root: str | Path | None = None, *, upload_limits: UploadLimits | None = None) -> None:
+    def __init__(self, root: str | Path | None = None, *, upload_limits: UploadLimits | None = None,
+                 read_only: bool | None = None) -> None:
         self.root = Path(root).expanduser() if root else default_root()
         self.upload_limits = upload_limits
+        self.read_only = read_only_setting() if read_only is None else read_only
+
+    def _writable(self, doing: str) -> None:
+        if self.read_only:
+            raise ExplorerError(f"the workspace {self.root} is read-only ({READ_ONLY_ENV} is set): {doing} is "
+                                "turned off")
 
     # ---- writing --------------------------------------------------------------------------------------------
 
     def add(self, base_model: str, files: dict[str, tuple[str, bytes]], label: str | None = None, *,
-            render_limits: RenderLimits | None = None) -> Upload:
+            render_limits: RenderLimits | None = None, uploader: str = "") -> Upload:
         """Validate and store one upload; the same base model and files give the same (already stored) upload."""
+        self._writable("uploading")
         validated = validate_upload(base_model, files, limits=self.upload_limits, render_limits=render_limits)
         upload_id = _upload_id(base_model, {f.role: f.sha256 for f in validated.files})
         target = self.root / upload_id
@@ -128,7 +175,15 @@ class Workspace:
             except UploadError:
                 pass  # a damaged copy of these very files: replaced below
         self._ensure_root()
+        listing = self.list()
+        most = _count_setting(MAX_UPLOADS_ENV, 200)
+        if len(listing.uploads) >= most:
+            raise UploadError(f"the workspace {self.root} holds {len(listing.uploads)} uploads, the most it keeps "
+                              f"({MAX_UPLOADS_ENV}); remove one first")
         template_name = files.get("chat_template", files.get("tokenizer_config", ("", b"")))[0]
+        taken = {u.label for u in listing.uploads if u.base_model == base_model}
+        wanted = _label(label, template_name, upload_id)
+        unique = next(c for c in (wanted, *(f"{wanted[:36]}-{n}" for n in range(2, 10_000))) if c not in taken)
         stored = tuple(
             StoredFile(f.role, f.name, f.sha256, f.size, f.sha256 + _SUFFIX[f.role]) for f in validated.files
         )
@@ -136,8 +191,9 @@ class Workspace:
             "version": _META_VERSION,
             "id": upload_id,
             "base_model": base_model,
-            "label": _label(label, template_name, upload_id),
+            "label": unique,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "uploader": uploader[:200],
             "files": [f.to_json() for f in stored],
         }
         staging = self.root / f".tmp-{upload_id}-{secrets.token_hex(4)}"
@@ -172,6 +228,7 @@ class Workspace:
 
     def remove(self, upload_id: str) -> None:
         """Delete one upload's folder; nothing else in the workspace is touched."""
+        self._writable("removing an upload")
         path = self._path(upload_id)
         if not path.is_dir():
             raise UploadError(f"no upload {upload_id!r} in {self.root}")
@@ -184,31 +241,72 @@ class Workspace:
     # ---- reading --------------------------------------------------------------------------------------------
 
     def list(self) -> WorkspaceListing:
-        """Every readable upload (oldest first), and a sentence for each entry skipped; never raises for content."""
-        if not self.root.exists():
-            return WorkspaceListing((), ())
-        if not self.root.is_dir():
-            raise ExplorerError(f"the workspace {self.root} is not a folder")
+        """Every readable upload (oldest first), and a sentence for each damaged upload plus one for all the other
+        entries skipped; never raises for content."""
+        try:
+            try:
+                self.root.stat()
+            except FileNotFoundError:
+                return WorkspaceListing((), ())
+            if not self.root.is_dir():
+                raise ExplorerError(f"the workspace {self.root} is not a folder")
+            entries = sorted(self.root.iterdir())
+        except OSError as err:
+            raise ExplorerError(f"the workspace {self.root} cannot be read ({err.strerror or err})") from None
         uploads: list[Upload] = []
         skipped: list[str] = []
-        for entry in sorted(self.root.iterdir()):
+        unfinished: list[str] = []
+        junk: list[str] = []
+        for entry in entries:
             name = entry.name
-            if name.startswith(".tmp-"):
-                skipped.append(f"{entry} is an upload that was interrupted while being written; it is not used "
-                               "(delete it to reclaim the space)")
-            elif name.startswith((".removing-", ".damaged-")):
-                skipped.append(f"{entry} is an upload whose deletion was interrupted; it is not used (delete it)")
+            if name.startswith((".tmp-", ".removing-", ".damaged-")):
+                unfinished.append(name)
             elif name.startswith("."):
                 continue
+            elif entry.is_symlink():
+                junk.append(f"{name} (a symbolic link, never followed)")
             elif not _ID.fullmatch(name) or not entry.is_dir():
-                skipped.append(f"{entry} is not an upload folder; it was skipped")
+                junk.append(name)
             else:
                 try:
                     uploads.append(self._read(name))
                 except UploadError as err:
                     skipped.append(str(err))
+        if unfinished:
+            skipped.insert(0, f"{_count(unfinished, 'entry', 'entries')} in {self.root} {_are(unfinished)} an upload "
+                           f"or removal that was interrupted and {_are(unfinished)} not used ({_some(unfinished)}); "
+                           "the app removes them when it starts")
+        if junk:
+            skipped.append(f"{_count(junk, 'entry', 'entries')} in {self.root} {_are(junk)} not an upload folder and "
+                           f"{_are(junk, 'was', 'were')} skipped: {_some(junk)}")
         uploads.sort(key=lambda u: (u.created, u.id))
-        return WorkspaceListing(tuple(uploads), tuple(skipped))
+        return WorkspaceListing(tuple(_unique_labels(uploads)), tuple(skipped))
+
+    def tidy(self) -> str | None:
+        """Remove interrupted writes and removals (`.tmp-*`, `.removing-*`, `.damaged-*` at least a minute old);
+        one sentence saying what was removed, None when nothing was."""
+        try:
+            entries = sorted(self.root.iterdir()) if self.root.is_dir() and not self.read_only else []
+        except OSError:
+            return None
+        removed: list[str] = []
+        size = 0
+        now = time.time()
+        for entry in entries:
+            try:
+                if not entry.name.startswith((".tmp-", ".removing-", ".damaged-")) or entry.is_symlink() \
+                        or now - entry.lstat().st_mtime < _TIDY_AGE_S:
+                    continue
+                size += sum(p.lstat().st_size for p in entry.rglob("*") if not p.is_symlink())
+            except OSError:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry.name)
+        if not removed:
+            return None
+        return (f"Removed {_count(removed, 'interrupted upload or removal', 'interrupted uploads or removals')} from "
+                f"{self.root} ({size / (1024 * 1024):.1f} MB): {_some(removed)}.")
 
     def get(self, upload_id: str) -> Upload:
         return self._read(upload_id)
@@ -227,7 +325,11 @@ class Workspace:
         def damaged(problem: str) -> UploadError:
             return UploadError(f"upload {upload_id} in {path} is damaged and was skipped: {problem}")
 
+        if path.is_symlink():
+            raise damaged("its folder is a symbolic link, which is never followed")
         try:
+            if meta_path.is_symlink():
+                raise damaged(f"{META} is a symbolic link, which is never followed")
             raw = meta_path.read_bytes()
         except OSError as err:
             raise damaged(f"{META} cannot be read ({err.strerror or err})") from None
@@ -237,20 +339,34 @@ class Workspace:
             raise damaged(f"{META} is not UTF-8 (byte offset {err.start})") from None
         except json.JSONDecodeError as err:
             raise damaged(f"{META} is not valid JSON ({err.msg}, line {err.lineno}, column {err.colno})") from None
+        except RecursionError:
+            raise damaged(f"{META} is nested too deeply to be read") from None
         try:
             files = tuple(StoredFile(**{k: entry[k] for k in StoredFile.__dataclass_fields__}) for entry in
                           meta["files"])
             upload = Upload(id=meta["id"], base_model=meta["base_model"], label=meta["label"],
-                            created=meta["created"], files=files, path=path)
-            fields_ok = all(isinstance(v, str) for v in (upload.id, upload.base_model, upload.label, upload.created))
-        except (KeyError, TypeError) as err:
+                            created=meta["created"], files=files, path=path, uploader=meta.get("uploader", ""))
+            fields_ok = all(isinstance(v, str) for v in (upload.id, upload.base_model, upload.label, upload.created,
+                                                        upload.uploader))
+            fields_ok = fields_ok and all(isinstance(f.name, str) and isinstance(f.size, int) for f in files)
+        except (KeyError, TypeError, AttributeError) as err:
             raise damaged(f"{META} lacks or mistypes the field {err}") from None
         if not fields_ok or upload.id != upload_id:
             raise damaged(f"{META} does not describe upload {upload_id}")
+        from engine.models import model_ids
+
+        if upload.base_model not in model_ids():
+            raise damaged(f"{META} names the base model {upload.base_model[:60]!r}, which is not one of "
+                          f"{', '.join(model_ids())}")
+        if _label(upload.label, "", upload_id) != upload.label:
+            raise damaged(f"{META} holds the label {upload.label[:60]!r}, which is not letters, digits, '.', '_' "
+                          "and '-'")
         for f in files:
             if f.role not in ROLES or f.stored_as != f.sha256 + _SUFFIX[f.role]:
                 raise damaged(f"{META} lists an unknown file {f.stored_as!r} for role {f.role!r}")
             try:
+                if (path / f.stored_as).is_symlink():
+                    raise OSError("a symbolic link")
                 size = (path / f.stored_as).stat().st_size
             except OSError:
                 raise damaged(f"{f.name} ({f.role}) is missing") from None
@@ -277,11 +393,15 @@ class Workspace:
         key = (str(self.root.resolve()), upload_id, limits)
         with _models_lock:
             cached = _models.get(key)
-        if cached is not None:
-            return cached
+            if cached is not None:
+                _models.move_to_end(key)
+                return cached
         model = self._build_model(self.get(upload_id), limits)
+        most = _count_setting(LOADED_MODELS_ENV, 4)
         with _models_lock:
             _models[key] = model
+            while len(_models) > most:
+                _models.popitem(last=False)
         return model
 
     def _build_model(self, upload: Upload, limits: RenderLimits | None) -> LoadedModel:
@@ -331,14 +451,16 @@ class Workspace:
         tokenizer_file = upload.file("tokenizer")
         tiktoken_file = upload.file("tiktoken")
         if tokenizer_file is not None:
-            text = self.read_file(upload, "tokenizer").decode("utf-8")
-            tokenizer = HFTokenizer(text, name=f"{model_id} tokenizer.json ({tokenizer_file.sha256[:12]})")
+            tokenizer = _shared_tokenizer(tokenizer_file.sha256, lambda: HFTokenizer(
+                self.read_file(upload, "tokenizer").decode("utf-8"),
+                name=f"uploaded tokenizer.json ({tokenizer_file.sha256[:12]})"))
             unavailable = None
             note("tokenizer", tokenizer_file)
         elif tiktoken_file is not None:
             from engine.tiktoken_tokenizer import load_kimi
 
-            tokenizer = load_kimi(upload.path / tiktoken_file.stored_as, expected_sha256=tiktoken_file.sha256)
+            tokenizer = _shared_tokenizer(tiktoken_file.sha256, lambda: load_kimi(
+                upload.path / tiktoken_file.stored_as, expected_sha256=tiktoken_file.sha256))
             unavailable = None
             note("tokenizer", tiktoken_file)
         spec = dataclasses.replace(base.spec, id=model_id, display_name=f"{base.spec.display_name} + {upload.label}")
@@ -350,6 +472,42 @@ class Workspace:
             self.root.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise ExplorerError(f"the workspace {self.root} is not a folder") from None
+
+
+def _shared_tokenizer(sha256: str, load: Callable[[], Any]) -> Any:
+    """One tokenizer object per file content, however many uploads use it; freed with the last model holding it."""
+    with _models_lock:
+        tokenizer = _tokenizers.get(sha256)
+    if tokenizer is None:
+        tokenizer = load()
+        with _models_lock:
+            tokenizer = _tokenizers.setdefault(sha256, tokenizer)
+    return tokenizer
+
+
+def _unique_labels(uploads: list[Upload]) -> list[Upload]:
+    """Labels made unique per base model (older stores, or meta.json edited by hand): a later duplicate gets its id."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for upload in uploads:
+        if (upload.base_model, upload.label) in seen:
+            upload = dataclasses.replace(upload, label=f"{upload.label}-{upload.id[:8]}")
+        seen.add((upload.base_model, upload.label))
+        out.append(upload)
+    return out
+
+
+def _count(items: list, one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
+
+
+def _are(items: list, singular: str = "is", plural: str = "are") -> str:
+    return singular if len(items) == 1 else plural
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _upload_id(base_model: str, hashes: dict[str, str]) -> str:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from engine.errors import ExplorerError
+from engine.errors import ExplorerError, is_panic
 from engine.evidence import (
     COMPLETION,
     EVIDENCE_CSS,
@@ -103,13 +104,13 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
         location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
         st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
         st.caption(cause.explanation)
-        st.text(cause.changed)
+        st.text(cause.changed)  # the model's text and the template's: shown as text, never as Markdown
         if cause.line_text:
             st.code(cause.line_text, language=None)
         if cause.stage == "template":
             _template_lines(model, cause.location)
             for emitted in cause.locations[1:]:
-                st.markdown(f"Emitted at `{emitted}`:")
+                st.text(f"Emitted at {emitted}:")
                 st.code(emitted.text, language=None)
         elif cause.edit is not None:
             cols = st.columns(2)
@@ -117,7 +118,7 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
             cols[0].code(visible(cause.edit.before) or "(empty)", language=None)
             cols[1].caption("engine returned")
             cols[1].code(visible(cause.edit.after) or "(empty)", language=None)
-        st.caption(f"Proof: {cause.proof}")
+        st.caption(plain(f"Proof: {cause.proof}"))
         if cause.fix:
             fix = cause.fix
             label = f"Apply fix: {fix.text}"
@@ -126,7 +127,7 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
                 st.markdown(f"**Fix:** {fix.text}")
             else:
                 st.button(label, key=f"{key}:fix", on_click=apply_fix, args=(fix.to_json(),), type="primary")
-            st.caption(f"Fix proof: {fix.proof}")
+            st.caption(plain(f"Fix proof: {fix.proof}"))
 
 
 def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
@@ -151,12 +152,14 @@ def _excerpt_table(excerpt: tuple[tuple[int, str], ...], line: int | None, end: 
 def error_card(cell: CellResult, model: LoadedModel) -> None:
     """An error cell: the failure's sentence, the template lines around it with a link, why, and the fix."""
     explained = explain_error(cell, model)
-    st.error(cell.note or cell.status)
+    st.error(plain(cell.note or cell.status))
     if explained is None:
         return
     with st.container(border=True):
         if explained.location:
-            where = f"[`{explained.location}`]({explained.url})" if explained.url else f"`{explained.location}`"
+            # The location names the template file, an upload's name among them: no backtick may end the code span.
+            shown = f"`{explained.location}`" if "`" not in explained.location else plain(explained.location)
+            where = f"[{shown}]({explained.url})" if explained.url else shown
             st.markdown(f"**Failed at** {where}")
             _excerpt_table(explained.excerpt, explained.line)
         st.markdown(f"**Why:** {explained.why}")
@@ -183,9 +186,9 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
     if cell.status == "error":
         error_card(cell, model)
     elif cell.status == "unavailable":
-        st.info(cell.note or cell.status)
+        st.info(plain(cell.note or cell.status))
     elif cell.note:
-        st.info(cell.note)
+        st.info(plain(cell.note))
     if len(cell.boundaries) > 1:
         st.dataframe(boundaries_table(cell), hide_index=True)
     breaking = [b for b in cell.boundaries if not b.holds]
@@ -215,18 +218,37 @@ def export_buttons(cell: CellResult, model: LoadedModel, key: str, upload: dict 
                                 key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
                                 key=f"{key}:html", on_click="ignore")
-    except ExplorerError as err:
-        st.error(f"Export failed: {err}")
+    except BaseException as err:  # noqa: BLE001 - the exports fail alone (a panic too); the cell stays shown
+        st.error(plain(f"Export failed: {describe_error(err)}"))
         return
     if upload is not None:
         carried = ", ".join(f["name"] for f in upload["files"].values() if "text" in f)
-        st.caption(f"The evidence JSON carries {carried} (the upload's template text): `python -m engine replay "
-                   "FILE` rebuilds this column anywhere.")
+        st.caption(f"The evidence JSON carries {plain(carried)} (the upload's template text): `python -m engine "
+                   "replay FILE` rebuilds this column anywhere.")
 
 
 def describe_error(err: BaseException) -> str:
-    """One sentence for the page; the rest of the app keeps working."""
+    """One sentence for the page; the rest of the app keeps working. Pages catch BaseException, because a Rust
+    panic from a tokenizer (pyo3's PanicException) is one; anything else that is not an Exception (Streamlit's
+    rerun and stop, KeyboardInterrupt) is raised again here."""
+    if not (isinstance(err, Exception) or is_panic(err)):
+        raise err
     return str(err) if isinstance(err, ExplorerError) else f"{type(err).__name__}: {err}"
+
+
+# What makes Markdown, HTML or a Streamlit directive (`:red[...]`, `$math$`) of text; line-start markers such as
+# "1." or "-" only change the layout, so they stay as they are.
+_MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()<>!#|~$])")
+# GFM links a bare "http://…", "www.…" or "a@b.org" in the text itself, escapes or not (remark-gfm works on the
+# parsed text): an invisible word joiner (U+2060) before the ":", "." or "@" keeps each one text.
+_AUTOLINK = re.compile(r"(?i)\b(https?|www)(?=[:.])|(?=@)")
+
+
+def plain(text: str) -> str:
+    """User-controlled text (file names, a template's raise_exception message) for a Markdown element, shown as
+    the characters it holds: every Markdown, HTML and Streamlit directive character escaped, so an image or a link
+    in it never renders and no viewer's browser fetches anything."""
+    return _AUTOLINK.sub(lambda m: (m.group(1) or "") + "\u2060", _MARKDOWN_SYNTAX.sub(r"\\\1", text))
 
 
 def kwarg_state_key(model_id: str, name: str) -> str:
@@ -244,12 +266,10 @@ def user_kwargs(model: LoadedModel) -> dict[str, Any]:
 
 
 def workspace_root() -> str:
-    """The uploads folder of this browser session ($DRIFT_WORKSPACE or the default; the Custom page can change it)."""
-    if "workspace_root" not in st.session_state:
-        from engine.workspace import default_root
+    """The uploads folder: the operator's setting ($DRIFT_WORKSPACE or the default), never a visitor's."""
+    from engine.workspace import default_root
 
-        st.session_state.workspace_root = str(default_root())
-    return st.session_state.workspace_root
+    return str(default_root())
 
 
 def init_custom_columns() -> None:
@@ -262,7 +282,7 @@ def init_custom_columns() -> None:
         from engine.workspace import Workspace
 
         listing = Workspace(workspace_root()).list()
-    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
-        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
+    except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
+        st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
         return
     st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_j
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
 from engine.parsers import list_engines
+from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.simulate import CellResult, run_cell, run_cell_with
 from pages.common import (
@@ -22,6 +24,7 @@ from pages.common import (
     describe_error,
     init_custom_columns,
     kwarg_state_key,
+    plain,
     show_cell,
     status_style,
     user_kwargs,
@@ -71,15 +74,63 @@ def _init_from_url() -> None:
             st.session_state[f"ver:{name}"] = params[name]
     if params.get("level") in ("token", "string"):
         st.session_state.level = params["level"]
-    try:
-        for model_id, values in json.loads(params.get("kwargs", "{}")).items():
-            for name, value in values.items():
-                st.session_state[kwarg_state_key(model_id, name)] = value
-    except (ValueError, AttributeError):
-        st.warning("The link's kwargs parameter is not valid JSON; it was ignored.")
+    for problem in _kwargs_from_link(params.get("kwargs", "{}")):
+        st.warning(plain(problem))
     if params.get("model") and params.get("scenario") and params.get("cell_engine"):
-        st.session_state.selected = {"model": params["model"], "scenario": params["scenario"],
-                                     "engine": params["cell_engine"], "upload": params.get("upload")}
+        selected = {"model": params["model"], "scenario": params["scenario"], "engine": params["cell_engine"],
+                    "upload": params.get("upload")}
+        problem = _link_cell_problem(selected)
+        if problem:
+            st.warning(plain(f"The link's cell was not opened: {problem}."))
+        else:
+            st.session_state.selected = selected
+
+
+def _kwargs_from_link(text: str) -> list[str]:
+    """Set the toggles a link names; one sentence for each part that is not a known model's kwarg of its type."""
+    try:
+        values = json.loads(text)
+    except (ValueError, RecursionError):
+        return ["The link's kwargs parameter is not valid JSON; it was ignored."]
+    if not isinstance(values, dict):
+        return ["The link's kwargs parameter must be an object of model ids; it was ignored."]
+    problems = []
+    models = default_model_ids()
+    for model_id, kwargs in values.items():
+        if model_id not in models or not isinstance(kwargs, dict):
+            problems.append(f"The link's kwargs for {model_id[:40]!r} were ignored: "
+                            + ("not a model here." if model_id not in models else "they must be an object."))
+            continue
+        known = {k.name: k for k in load_spec(model_id).template_kwargs}
+        for name, value in kwargs.items():
+            kwarg = known.get(name)
+            expected = type(kwarg.default) if kwarg is not None and kwarg.default is not None else None
+            if kwarg is None or (expected is not None and type(value) is not expected):
+                what = "not one of its template kwargs" if kwarg is None else \
+                    f"it must be {expected.__name__ if expected else 'a value'}, got {json.dumps(value)[:40]}"
+                problems.append(f"The link's kwarg {name[:40]!r} for {model_id} was ignored: {what}.")
+                continue
+            st.session_state[kwarg_state_key(model_id, name)] = value
+    return problems
+
+
+def _link_cell_problem(selected: dict) -> str | None:
+    """Why a link's selected cell cannot be opened (an unknown model, scenario, engine or upload), or None."""
+    from engine.errors import ExplorerError
+    from engine.parsers import known_engine
+
+    if selected["model"] not in default_model_ids():
+        return f"unknown model {selected['model'][:40]!r}"
+    if selected["scenario"] not in scenario_ids():
+        return f"unknown scenario {selected['scenario'][:40]!r}"
+    try:
+        known_engine(selected["engine"])
+    except ExplorerError as err:
+        return str(err).split(";")[0]
+    upload = selected.get("upload")
+    if upload and upload not in st.session_state.get("custom_columns", {}):
+        return f"no stored upload {upload[:40]!r}"
+    return None
 
 
 def _engine_spec(name: str) -> str:
@@ -101,7 +152,7 @@ def _apply_fix(fix: dict) -> None:
         selected["engine"] = "bridge"
 
 
-@st.cache_resource(show_spinner=False, max_entries=2048)
+@st.cache_resource(show_spinner=False, max_entries=512)
 def _custom_cell(upload_id: str, workspace_root: str, scenario: str, engine: str, kwargs_json: str) -> CellResult:
     from engine.workspace import Workspace
 
@@ -164,6 +215,13 @@ def _columns(models: list[str], loaded: dict[str, LoadedModel]) -> list[Column]:
                 columns.append(Column(f"{model_id}+{label}{mark}", model_id, upload_id,
                                       help=f"your upload {label} ({upload_id[:12]}) for {model_id}{toggled}; "
                                            f"◆ where it differs from the stock {source}"))
+    # Titles index the table: two equal ones would take the whole page down (labels are unique per base model, so
+    # this is a guard for hand-edited stores).
+    seen: set[str] = set()
+    for i, column in enumerate(columns):
+        if column.title in seen:
+            columns[i] = dataclasses.replace(column, title=f"{column.title} ({column.upload_id or i})")
+        seen.add(columns[i].title)
     return columns
 
 
@@ -204,8 +262,8 @@ def main() -> None:
     st.title("Drift matrix")
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
-    _init_from_url()
     init_custom_columns()
+    _init_from_url()
     models, scenarios, view = _sidebar(default_model_ids())
     if not models or not scenarios:
         st.info("Pick at least one model and one scenario in the sidebar.")
@@ -216,8 +274,8 @@ def main() -> None:
         for model_id in models:
             try:
                 loaded[model_id] = cached_model(model_id)
-            except Exception as err:  # noqa: BLE001 - a model that cannot load is shown, the others still run
-                st.error(f"Model {model_id} cannot be loaded: {describe_error(err)}")
+            except BaseException as err:  # noqa: BLE001 - a model that cannot load is shown, the others still run
+                st.error(plain(f"Model {model_id} cannot be loaded: {describe_error(err)}"))
     loaded_s = time.perf_counter() - started
     columns, rows = _columns(models, loaded), _rows(scenarios, view)
     level = st.session_state.level
@@ -229,7 +287,7 @@ def main() -> None:
             for row in rows:
                 try:
                     grid[(row.label, column.title)] = _run(column, row, kwargs)
-                except Exception as err:  # noqa: BLE001 - one failing custom column must not take the page down
+                except BaseException as err:  # noqa: BLE001 - a failing custom column (a panic too) stays in its cells
                     grid[(row.label, column.title)] = CellResult(column.model_id, row.scenario, row.engine, "",
                                                                  kwargs, "error", note=describe_error(err))
     elapsed = time.perf_counter() - started
@@ -330,8 +388,8 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
         show_cell(cell, model, _apply_fix, key="detail", upload=described)
-    except Exception as err:  # noqa: BLE001 - the detail fails alone; the matrix above stays usable
-        st.error(f"This cell cannot be shown: {describe_error(err)}")
+    except BaseException as err:  # noqa: BLE001 - the detail fails alone (a panic too); the matrix stays usable
+        st.error(plain(f"This cell cannot be shown: {describe_error(err)}"))
 
 
 def _write_url() -> None:
@@ -355,4 +413,6 @@ def _write_url() -> None:
         st.query_params.from_dict(params)
 
 
-main()
+# One scope per script run: a custom template that hits a limit is stopped once in this view, not once a cell.
+with render_scope():
+    main()

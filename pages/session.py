@@ -20,7 +20,7 @@ from engine.session import (
     session_ids,
     simulate_session,
 )
-from pages.common import cached_model, describe_error, show_view
+from pages.common import cached_model, describe_error, plain, show_view
 
 # What the page offers for the replies: the template alone, or through an engine (its default version).
 ENGINE_CHOICES: dict[str, str | None] = {"template only": None, "raw split": "raw", "through vLLM": "vllm",
@@ -85,8 +85,8 @@ def _what_if(model: LoadedModel, script, settings: SessionSettings) -> None:
     st.caption(WHAT_IFS[name].summary)
     try:
         result = run_what_if(name, model, script, settings)
-    except Exception as err:  # noqa: BLE001 - one experiment failing leaves the rest of the page
-        st.error(f"{WHAT_IFS[name].title}: {describe_error(err)}")
+    except BaseException as err:  # noqa: BLE001 - one experiment failing (a panic too) leaves the rest of the page
+        st.error(plain(f"{WHAT_IFS[name].title}: {describe_error(err)}"))
         return
     st.markdown(f"**{result.before_label}** → **{result.after_label}**: {result.description}")
     st.dataframe(pd.DataFrame([{
@@ -118,8 +118,8 @@ def main() -> None:
             model = cached_model(model_id)
         script = load_session(script_id)
         report = simulate_session(model, script, block_size=int(block), checkpoint_policy=policy, engine=engine)
-    except Exception as err:  # noqa: BLE001 - the page shows the reason; the other pages keep working
-        st.error(f"The session cannot be simulated: {describe_error(err)}")
+    except BaseException as err:  # noqa: BLE001 - the page shows the reason (a panic too); other pages keep working
+        st.error(plain(f"The session cannot be simulated: {describe_error(err)}"))
         return
     event = st.dataframe(_table(report), hide_index=True, key="session:table", on_select="rerun",
                          selection_mode="single-row")

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.models import default_model_ids, load_model
 from engine.scenario import scenario_ids
+from pages.common import plain
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -48,7 +49,9 @@ def test_selecting_a_cell_opens_its_break_and_the_fix_button_applies_the_kwarg(a
     assert [s.value for s in app.subheader] == ["qwen3.6 × next-user-turn × vllm@0.33.0: breaks"]
     markdown = " ".join(m.value for m in app.markdown)
     assert "**Cause: template** (reasoning-dropped)" in markdown
-    assert "Qwen-Qwen3.6-35B-A3B.jinja:114" in markdown
+    # The condition that drops the reasoning first, the line that emitted the differing character second.
+    assert "at [`Qwen-Qwen3.6-35B-A3B.jinja:100-103`]" in markdown
+    assert "Emitted at Qwen-Qwen3.6-35B-A3B.jinja:114:" in [t.value for t in app.text]
     assert any("class='first'" in h.proto.body for h in app.get("html"))
     assert [b.label for b in app.download_button][-3:] == ["Evidence JSON", "Markdown", "HTML page"]
     assert app.query_params["scenario"] == "next-user-turn"
@@ -73,8 +76,9 @@ def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(ap
     captions = [c.value for c in app.caption]
     assert [c for c in captions if c in ("engine was given", "engine returned")] == [
         "engine was given", "engine returned"]
-    assert "Proof: re-run with args_convert_dump undone (sglang/srt/function_call/qwen3_coder_detector.py:229): the " \
-           "boundary holds (5010/5010 characters)" in captions
+    # Captions are Markdown: the proof (it quotes templates and model text) is shown escaped, as text.
+    assert plain("Proof: re-run with args_convert_dump undone (sglang/srt/function_call/qwen3_coder_detector.py:229): "
+                 "the boundary holds (5010/5010 characters)") in captions
     given, returned = (c.value for c in app.code[-2:])
     # whitespace made visible: "5" as the model wrote it, 5 as the engine returned it
     assert given.startswith('{"query":·"Zürich·café·東京",·"limit":·"5",·"exact":·"true"')

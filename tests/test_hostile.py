@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from stored import replace_stored
 
 from engine.assets import resolve_asset
 from engine.errors import ExplorerError, RenderError
@@ -25,7 +26,6 @@ from engine.sandbox import (
     RenderLimitExceeded,
     RenderLimits,
     SandboxedRenderer,
-    render_worker_pid,
 )
 from engine.simulate import run_cell_with
 from engine.uploads import UploadError, UploadLimits, read_capped
@@ -244,7 +244,7 @@ def test_the_sandbox_is_byte_identical_to_jinja_renderer_on_every_stock_template
 def test_a_worker_killed_mid_render_is_a_clear_error_and_the_next_render_works(still_works):
     renderer = SandboxedRenderer("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                                  model=MODEL, source_path="custom.jinja", limits=ROOMY)
-    pid = render_worker_pid(ROOMY)
+    pid = renderer.worker_pid
     assert pid is not None
     killer = threading.Timer(2.0, os.kill, (pid, signal.SIGKILL))  # the render is under way by then
     killer.start()
@@ -256,7 +256,7 @@ def test_a_worker_killed_mid_render_is_a_clear_error_and_the_next_render_works(s
     assert str(caught.value) == (f"custom.jinja for model {MODEL} crashed the sandbox worker (exit status -9); the "
                                  "memory limit is 1024 MB")
     assert time.monotonic() - started < HANG_GUARD_S
-    assert render_worker_pid(ROOMY) not in (None, pid)
+    assert renderer.worker_pid not in (None, pid)
     still_works()
 
 
@@ -471,18 +471,34 @@ def test_a_malformed_upload_is_refused(tmp_path, base, files, message):
 
 # ---- a template that passes validation and turns hostile later -------------------------------------------------
 
-def test_a_template_hostile_only_on_tool_results_shows_the_limit_in_its_cell(tmp_path, stock, stock_files,
-                                                                             still_works):
+def test_a_template_hostile_only_on_tool_results_is_refused_and_a_stored_one_costs_one_limit_a_view(
+        tmp_path, stock, stock_files, still_works):
+    from engine.sandbox import render_scope
+
     source = stock_files["chat_template"].decode("utf-8")
     sneaky = ("{%- if messages | selectattr('role', 'equalto', 'tool') | list %}{% for i in range(100000) %}"
               "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}" + source)
     workspace = Workspace(tmp_path)
-    upload = workspace.add("qwen3.5", {"chat_template": ("sneaky.jinja", sneaky.encode())}, "sneaky")
+    text, _ = refused(workspace, "qwen3.5", {"chat_template": ("sneaky.jinja", sneaky.encode())},
+                      render_limits=FAST)
+    # The probe (the first request of tool-call) renders; the sweep over every scenario finds the loop.
+    assert text == ("sneaky.jinja for model qwen3.5 (upload) was stopped after 1.5 s (render time limit) on scenario "
+                    "args-serialization; a template that hits a limit on any scenario is refused, so that no view "
+                    "waits on it")
+    assert workspace.list().uploads == ()
+    # One stored before validation swept every scenario (written here as an older version would have): in one view,
+    # the first cell pays the time limit and every later render of it says so at once.
+    upload = workspace.add("qwen3.5", {"chat_template": ("sneaky.jinja", stock_files["chat_template"])}, "sneaky")
+    replace_stored(upload, "chat_template", sneaky.encode())
     model = workspace.load_model(upload.id, FAST)
     started = time.monotonic()
-    cell = run_cell_with(model, "tool-call", "raw", {})
-    assert (cell.model, cell.status) == ("qwen3.5+sneaky", "error")
-    assert cell.note == "sneaky.jinja for model qwen3.5+sneaky was stopped after 1.5 s (render time limit)"
+    with render_scope():
+        first = run_cell_with(model, "tool-call", "raw", {})
+        second = run_cell_with(model, "parallel-tool-calls", "raw", {})
+    assert (first.model, first.status) == ("qwen3.5+sneaky", "error")
+    assert first.note == "sneaky.jinja for model qwen3.5+sneaky was stopped after 1.5 s (render time limit)"
+    assert second.status == "error"
+    assert second.note == (f"{first.note} earlier in this view, so it was not rendered again")
     assert time.monotonic() - started < FAST.timeout_s + HANG_GUARD_S
     assert run_cell_with(model, "no-tools-next-user", "raw", {}).status == \
         run_cell_with(stock, "no-tools-next-user", "raw", {}).status
@@ -506,11 +522,11 @@ def test_a_crash_mid_write_never_breaks_the_next_start(tmp_path, good, stock_fil
     listing = Workspace(tmp_path).list()
     assert listing.uploads == (kept,)
     assert listing.skipped == (
-        f"{staging} is an upload that was interrupted while being written; it is not used (delete it to reclaim "
-        "the space)",
+        f"1 entry in {tmp_path} is an upload or removal that was interrupted and is not used "
+        "(.tmp-0123456789abcdef-deadbeef); the app removes them when it starts",
         f"upload 0123456789abcdef in {truncated} is damaged and was skipped: meta.json is not valid JSON "
         "(Unterminated string starting at, line 3, column 9)",
-        f"{tmp_path / 'notes.txt'} is not an upload folder; it was skipped",
+        f"1 entry in {tmp_path} is not an upload folder and was skipped: notes.txt",
     )
     with pytest.raises(UploadError) as caught:
         workspace.load_model("0123456789abcdef")
