@@ -374,6 +374,43 @@ def long_conversation_tokenization(model_id: str = "qwen3.6", conversations: int
             "segmented_s": round(segmented_s, 4), "speedup": round(whole_s / segmented_s, 2)}
 
 
+def long_session_script(calls: int, follow_up: bool = False) -> dict[str, Any]:
+    """A session script (the JSON shape of scenarios/sessions/) of an agent reading `calls` files: one user task,
+    then per call a short reasoning, one `read_file` call and a 40-line result; the last reply answers (with
+    `follow_up`, a next user question follows it). The shape issue 19 measured (about 480 Qwen3.6 tokens per call);
+    deterministic, so a golden file can pin its figures."""
+    tools = [{"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the workspace and return its text",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": "a relative path"}},
+                       "required": ["path"]}}}]
+    steps: list[dict[str, Any]] = [{"role": "user", "content": f"Review the {calls} modules under src/pkg/ for "
+                                    "functions that swallow exceptions, and list each one with its file and line."}]
+    for call in range(calls):
+        path = f"src/pkg/module_{call:04d}.py"
+        lines = [f'"""Module {call}: helpers for stage {call % 7} of the pipeline."""', "", "import logging", ""]
+        for k in range(36):
+            n = call * 36 + k
+            if k % 6 == 0:
+                lines.append(f"def step_{n}(items, limit={n % 97}):")
+            elif k % 6 == 5:
+                lines.append("    return [x for x in items if x < limit]")
+            else:
+                lines.append(f"    total += items[{k}]")
+        steps.append({"role": "assistant",
+                      "reasoning_content": f"Next I read {path} to check its handlers ({call + 1} of {calls}).",
+                      "content": "", "tool_calls": [{"id": f"call_{call:04d}", "type": "function", "function": {
+                          "name": "read_file", "arguments": {"path": path}}}]})
+        steps.append({"role": "tool", "tool_call_id": f"call_{call:04d}", "content": "\n".join(lines)})
+    steps.append({"role": "assistant", "reasoning_content": "Every module is read; none swallows an exception.",
+                  "content": f"I read all {calls} modules: no function swallows an exception."})
+    if follow_up:  # a next user question: templates that drop earlier reasoning break the prefix here
+        steps.append({"role": "user", "content": "Which module was the longest?"})
+    return {"id": f"long-session-{calls}" + ("-follow-up" if follow_up else ""),
+            "description": f"An agent reading {calls} files, one read_file call each",
+            "tools": tools, "system": "You are a careful code reviewer with access to the workspace.",
+            "steps": steps}
+
+
 def _progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
