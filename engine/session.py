@@ -124,9 +124,17 @@ def load_session(name_or_path: str) -> SessionScript:
         raise ExplorerError(f"no session script {name_or_path!r}: not a file, and not one of {known}")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ExplorerError(f"session script {path} is malformed: {err}") from err
+    return session_from_json(raw, str(path))
+
+
+def session_from_json(raw: Any, source: str) -> SessionScript:
+    """A session script from its JSON data (what `load_session` reads from `source`)."""
+    try:
         stamp = raw.get("timestamp", {})
         script = SessionScript(
-            id=raw.get("id", path.stem),
+            id=raw.get("id", Path(source).stem),
             description=raw.get("description", ""),
             tools=raw.get("tools"),
             system=raw.get("system", ""),
@@ -136,16 +144,16 @@ def load_session(name_or_path: str) -> SessionScript:
             timestamp_template=stamp.get("template", ""),
             timestamp_seconds=tuple(stamp.get("seconds", ())),
             what_if=dict(raw.get("what_if", {})),
-            source=str(path),
+            source=source,
         )
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
-        raise ExplorerError(f"session script {path} is malformed: {err}") from err
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise ExplorerError(f"session script {source} is malformed: {err}") from err
     for i, step in enumerate(script.steps):
         if not isinstance(step, dict) or step.get("role") not in STEP_ROLES:
-            raise ExplorerError(f"session script {path}: step {i} must be a message whose role is one of "
+            raise ExplorerError(f"session script {source}: step {i} must be a message whose role is one of "
                                 f"{', '.join(STEP_ROLES)}, got {step!r:.80}")
     if not script.request_steps:
-        raise ExplorerError(f"session script {path} has no user or tool message, so it makes no request")
+        raise ExplorerError(f"session script {source} has no user or tool message, so it makes no request")
     return script
 
 
