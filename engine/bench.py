@@ -452,6 +452,7 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
         simulate_session(model, script)
     finally:
         del tokenizer.encode_extending
+    model.renderer.cache_clear()  # and the renderer's own caches (a Jinja renderer's converted messages)
     tokenizer.cache_clear()
     renderer.render = timed_render
     try:
