@@ -421,23 +421,25 @@ LONG_SESSION_CALLS = (50, 200, 1000)
 
 def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
     """One point of the `long_session` section, measured in this process (`long_session` runs each in a fresh one,
-    so that its peak RSS is its own): the session of `calls` read_file calls simulated once, the time its
-    template renders took, and the floor, the library tokenizing whole only the distinct new text of the run:
-    each text the session tokenizes, from where it stops agreeing with the text tokenized before it."""
-    from engine.prefix import common_prefix
+    so that its peak RSS is its own): the session of `calls` read_file calls simulated once, every cache empty
+    first, the time its template renders took, and the floor, the library tokenizing whole only the distinct new
+    text of the run: each text the session tokenizes, from where it stops agreeing with the text before it."""
     from engine.session import session_from_json, simulate_session
 
     model = load_model(model_id)
     script = session_from_json(long_session_script(calls), f"engine.bench.long_session_script({calls})")
-    rss_loaded = peak_rss_mb("VmRSS")
+    model.renderer.cache_clear()  # and the renderer's own caches (a Jinja renderer's converted messages)
     tokenizer, renderer = model.tokenizer, getattr(model.renderer, "inner", model.renderer)
+    tokenizer.cache_clear()
+    rss_loaded = peak_rss_mb("VmRSS")
     new_texts: list[str] = []
     render_s = [0.0]
     extending, rendering = tokenizer.encode_extending, renderer.render
 
     def record_text(text, previous=None):
-        new_texts.append(text[common_prefix(previous.text, text):] if previous is not None else text)
-        return extending(text, previous)
+        tokenized = extending(text, previous)
+        new_texts.append(tokenized.chars.tail)  # the text from where it stops agreeing with `previous`
+        return tokenized
 
     def timed_render(*args, **kwargs):
         begin = time.perf_counter()
@@ -446,22 +448,14 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
         finally:
             render_s[0] += time.perf_counter() - begin
 
-    # Recording first (an untimed run), then the timed run, its segment cache emptied first and its renders timed.
-    tokenizer.encode_extending = record_text
-    try:
-        simulate_session(model, script)
-    finally:
-        del tokenizer.encode_extending
-    model.renderer.cache_clear()  # and the renderer's own caches (a Jinja renderer's converted messages)
-    tokenizer.cache_clear()
-    renderer.render = timed_render
+    tokenizer.encode_extending, renderer.render = record_text, timed_render
     try:
         start = time.perf_counter()
         report = simulate_session(model, script)
         wall_s = time.perf_counter() - start
         rss_session = peak_rss_mb("VmRSS")  # the report still held
     finally:
-        del renderer.render
+        del tokenizer.encode_extending, renderer.render
     encode = _library_encoder(model)
     floor_s = _best(3, lambda: [encode(t) for t in new_texts])
     return {

@@ -205,11 +205,13 @@ def reuse_of(prompt_ids: Sequence[int], cached: Sequence[CachedSequence], block_
 class ReuseIndex:
     """`reuse_of` for a cache that gains one sequence per request, each prompt costing what is new in it.
 
-    It keeps, for the latest cached sequence A, lcp(A, S) with every cached sequence S. A prompt P is compared with
-    A directly (P usually extends A, so only from where it stops sharing A's ids); for every other S,
-    lcp(P, S) = min(lcp(P, A), lcp(A, S)) when the two differ, and only where they are equal, with both P and S
-    going on past that point, are P and S compared, from there. Same figures as `reuse_of` over the same
-    sequences (tests/test_session_blocks.py checks it on random ones).
+    `reuse(prompt)` then `add(sequence, checkpoints)` per request (ids as any sequence of ints, or as the session's
+    `SharedSequence`s). It keeps, for the latest cached sequence A, lcp(A, S) with every cached sequence S. A prompt
+    P is compared with A directly (P usually extends A, so only from where it stops sharing A's ids); for every
+    other S, lcp(P, S) = min(lcp(P, A), lcp(A, S)) when the two differ, and only where they are equal, with both P
+    and S going on past that point, are P and S compared, from there. The sequence added is placed the same way
+    through the prompt just measured. Same figures as `reuse_of` over the same sequences
+    (tests/test_session_blocks.py checks it on random ones).
     """
 
     def __init__(self, block_size: int) -> None:
@@ -218,6 +220,7 @@ class ReuseIndex:
         self._lengths = np.zeros(0, dtype=np.int64)
         self._checkpoints = np.zeros((0, 2), dtype=np.int64)  # -1 where a sequence has fewer checkpoints
         self._to_latest = np.zeros(0, dtype=np.int64)  # lcp(latest sequence, each sequence)
+        self._measured: tuple[SharedSequence, np.ndarray] | None = None  # the last prompt and its lcps
 
     def _through(self, x: SharedSequence, with_middle: int, middle_to: np.ndarray) -> np.ndarray:
         """lcp(x, S) for every cached S, from lcp(x, M) and lcp(M, S) for some sequence M."""
@@ -227,26 +230,42 @@ class ReuseIndex:
                 common[j] = shared_common_prefix(x, self.sequences[j], known=with_middle)
         return common
 
-    def reuse(self, prompt: SharedSequence) -> tuple[Reuse, np.ndarray]:
-        """What `prompt` reuses, and its common prefix with each cached sequence (for `add`)."""
+    def _common(self, x: SharedSequence) -> np.ndarray:
         if not self.sequences:
-            return Reuse(0, 0, 0, -1), np.zeros(0, dtype=np.int64)
-        common = self._through(prompt, shared_common_prefix(prompt, self.sequences[-1]), self._to_latest)
+            return np.zeros(0, dtype=np.int64)
+        return self._through(x, shared_common_prefix(x, self.sequences[-1]), self._to_latest)
+
+    def reuse(self, prompt: SharedSequence | Sequence[int]) -> Reuse:
+        """What `prompt` reuses from the sequences added so far."""
+        prompt = _shared_ids(prompt)
+        common = self._common(prompt)
+        self._measured = (prompt, common)
+        if not self.sequences:
+            return Reuse(0, 0, 0, -1)
         token = int(common.max())
         matched = len(common) - 1 - int(np.argmax(common[::-1]))  # ties go to the latest sequence
         usable = np.where(self._checkpoints <= common[:, None], self._checkpoints, 0)
-        return Reuse(token, block_reusable(token, self.block_size), max(0, int(usable.max())), matched), common
+        return Reuse(token, block_reusable(token, self.block_size), max(0, int(usable.max())), matched)
 
-    def add(self, sequence: SharedSequence, checkpoints: tuple[int, ...], prompt: SharedSequence,
-            prompt_common: np.ndarray) -> None:
-        """Cache `sequence`, the whole sequence of the request whose prompt `reuse` just measured."""
-        to_latest = self._through(sequence, shared_common_prefix(sequence, prompt), prompt_common)
+    def add(self, sequence: SharedSequence | Sequence[int], checkpoints: tuple[int, ...] = ()) -> None:
+        """Cache `sequence` (a request's prompt plus generation) with the hybrid checkpoints taken in it."""
+        sequence = _shared_ids(sequence)
+        if self._measured is not None:
+            prompt, common = self._measured
+            to_latest = self._through(sequence, shared_common_prefix(sequence, prompt), common)
+        else:
+            to_latest = self._common(sequence)
+        self._measured = None
         row = np.full((1, 2), -1, dtype=np.int64)
         row[0, :len(checkpoints)] = checkpoints
         self.sequences.append(sequence)
         self._lengths = np.append(self._lengths, sequence.length)
         self._checkpoints = np.concatenate((self._checkpoints, row))
         self._to_latest = np.append(to_latest, sequence.length)
+
+
+def _shared_ids(ids: SharedSequence | Sequence[int]) -> SharedSequence:
+    return ids if isinstance(ids, SharedSequence) else SharedSequence(None, 0, np.asarray(ids, dtype=np.int32))
 
 
 def checkpoints_after(prompt_len: int, sequence_len: int, policy: str) -> tuple[int, ...]:
@@ -628,7 +647,6 @@ def simulate_session(
             prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
             views = _template_views(model, render, messages, tools, prompt, prompt_state, reply, sequence,
                                     sequence_state)
-            del prompt, sequence  # only what is new in each is kept (prompt_state, sequence_state)
         else:
             origin = f"append-only history over {model.renderer.origin}"
             without = render(messages, tools, False)
@@ -644,7 +662,7 @@ def simulate_session(
             prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
             views = RequestViews((lambda p=prompt: p), _retokenized(tokenizer, prompt_state.chars),
                                  (lambda q=sequence: q), _retokenized(tokenizer, sequence_state.chars))
-        reuse, common = index.reuse(prompt_ids)
+        reuse = index.reuse(prompt_ids)
         trigger = "tool" if script.steps[step]["role"] == "tool" else ("next user" if seen_assistant else "user")
         rows.append(RequestRow(
             index=n,
@@ -661,8 +679,7 @@ def simulate_session(
             views=views,
             **edits,
         ))
-        index.add(sequence_ids, checkpoints_after(prompt_ids.length, sequence_ids.length, checkpoint_policy),
-                  prompt_ids, common)
+        index.add(sequence_ids, checkpoints_after(prompt_ids.length, sequence_ids.length, checkpoint_policy))
     return SessionReport(model.id, script.id, template_kwargs, block_size, checkpoint_policy, tuple(rows),
                          history, tuple(rewrites), engine_side.name if engine_side else None,
                          engine_side.version if engine_side else "")

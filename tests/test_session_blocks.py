@@ -141,31 +141,39 @@ def _shared(ids: tuple[int, ...], parent: SharedSequence | None = None, keep: in
     return SharedSequence(parent, keep, np.asarray(ids[keep:] if parent is not None else ids, dtype=np.int32))
 
 
-def _index_figures(requests: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]],
-                   block_size: int) -> tuple[list[Reuse], list[Reuse]]:
-    """(prompt, sequence, checkpoints) per request -> reuse_of's and ReuseIndex's figures for each prompt."""
-    index, cached, expected, got = ReuseIndex(block_size), [], [], []
+def _index_figures(requests: list[tuple[tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]]],
+                   block_size: int) -> tuple[list[Reuse], list[Reuse], list[Reuse]]:
+    """(prompt, sequence, checkpoints) per request -> reuse_of's figures for each prompt, and ReuseIndex's fed
+    shared sequences as the session stores them, and fed the plain tuples."""
+    index, plain_index, cached, expected, got, got_plain = ReuseIndex(block_size), ReuseIndex(block_size), [], [], \
+        [], []
     previous: SharedSequence | None = None
     for prompt, sequence, checkpoints in requests:
+        if prompt is None:  # a sequence cached with no prompt measured before it
+            index.add(sequence, checkpoints)
+            plain_index.add(sequence, checkpoints)
+            cached.append(CachedSequence(sequence, checkpoints))
+            continue
         expected.append(reuse_of(prompt, cached, block_size))
         # Store each the way the session does: sharing its start with the sequence before where they agree.
         agree = common_prefix(prompt, previous.materialize()) if previous is not None else 0
         prompt_ids = _shared(prompt, previous, agree)
         sequence_ids = _shared(sequence, prompt_ids, common_prefix(sequence, prompt))
-        reuse, common = index.reuse(prompt_ids)
-        got.append(reuse)
-        index.add(sequence_ids, checkpoints, prompt_ids, common)
+        got.append(index.reuse(prompt_ids))
+        index.add(sequence_ids, checkpoints)
+        got_plain.append(plain_index.reuse(prompt))
+        plain_index.add(sequence, checkpoints)
         cached.append(CachedSequence(sequence, checkpoints))
         previous = sequence_ids
-    return expected, got
+    return expected, got, got_plain
 
 
 def test_reuse_index_hand_worked_example() -> None:
     requests = [(tuple(range(37)), S1, CACHE1.checkpoints), (P2, S2, CACHE2.checkpoints),
                 (P3, S3, CACHE3.checkpoints), (P4, P4, ())]
     for block_size in (1, 4, 16):
-        expected, got = _index_figures(requests, block_size)
-        assert got == expected
+        expected, got, got_plain = _index_figures(requests, block_size)
+        assert got == expected == got_plain
     assert [r.token for r in got] == [0, 50, 45, 60]
 
 
@@ -184,8 +192,10 @@ def test_reuse_index_equals_reuse_of_on_random_sessions(seed: int) -> None:
         policy = rng.choice(CHECKPOINT_POLICIES)
         requests.append((prompt, sequence, checkpoints_after(len(prompt), len(sequence), policy)))
         sequences.append(sequence)
-    expected, got = _index_figures(requests, rng.choice([1, 2, 16]))
-    assert got == expected
+    if rng.random() < 0.3 and sequences:
+        requests.insert(rng.randrange(len(requests) + 1), (None, rng.choice(sequences)[:rng.randint(0, 30)], ()))
+    expected, got, got_plain = _index_figures(requests, rng.choice([1, 2, 16]))
+    assert got == expected == got_plain
 
 
 @pytest.mark.parametrize("seed", range(20))
