@@ -428,11 +428,10 @@ class SegmentCachedTokenizer:
         end keep their ids (each piece's ids depend on the piece alone: `plan`), the rest is cut and tokenized
         afresh. The result is the same ids as tokenizing `text` whole (tests/test_tokenize_segments.py).
         """
+        if not self.plan.proven or not self.plan.passes:
+            return _tokenized_whole(self.inner, text, previous)
         shared = common_prefix(previous.text, text) if previous is not None else 0
         chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
-        if not self.plan.proven or not self.plan.passes:
-            ids = np.asarray(self.inner.encode(text).ids, dtype=np.int32)
-            return TokenizedText(text, chars, SharedSequence(None, 0, ids), _NO_MARKS, _NO_MARKS, _NO_MARKS)
         kept = 0
         if previous is not None:
             kept = int(np.searchsorted(previous.match_starts, shared - self._first_pass_reach, side="right"))
@@ -515,8 +514,11 @@ def tokenize_extending(tokenizer: Tokenizer, text: str, previous: TokenizedText 
     """`text` tokenized whole, reusing what it shares with `previous` where the tokenizer proves that equal
     (`SegmentCachedTokenizer.encode_extending`); any other tokenizer tokenizes the whole text."""
     extending = getattr(tokenizer, "encode_extending", None)
-    if extending is not None:
-        return extending(text, previous)
+    return extending(text, previous) if extending is not None else _tokenized_whole(tokenizer, text, previous)
+
+
+def _tokenized_whole(tokenizer: Tokenizer, text: str, previous: TokenizedText | None) -> TokenizedText:
+    """`text` tokenized whole by `tokenizer`, nothing reused but the characters it shares with `previous`."""
     shared = common_prefix(previous.text, text) if previous is not None else 0
     chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
     ids = SharedSequence(None, 0, np.asarray(tokenizer.encode(text).ids, dtype=np.int32))

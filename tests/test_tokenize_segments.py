@@ -239,3 +239,8 @@ def test_lstrip_token_breaks_naive_splitting_and_the_wrapper_falls_back() -> Non
     assert wrapper.segment_note.endswith("whole strings only, because added token '<｜end▁of▁sentence｜>' has "
                                          "lstrip=true, so its match depends on the text around it")
     assert wrapper.encode(text).ids == whole.ids and wrapper.encode(text).offsets == whole.offsets
+    # Extending a text tokenizes it whole there too; only the characters are shared.
+    before = wrapper.encode_extending("Hello")
+    after = wrapper.encode_extending(text, before)
+    assert after.ids.materialize() == whole.ids and after.chars.materialize() == text
+    assert (after.chars.keep, after.ids.keep) == (len("Hello"), 0)

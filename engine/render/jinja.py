@@ -202,7 +202,7 @@ class JinjaRenderer:
     def _template_messages(self, messages: list[dict]) -> list[dict]:
         """transformers' `_normalize_chat_messages`, `_plain_template_data` and `_alias_reasoning_fields` on the
         messages, each message converted once: the three act on each message alone, and a session of N requests
-        hands the same earlier messages over N times (half the cost of rendering a long history otherwise).
+        hands the same earlier messages over N times (a third to half of rendering a long history otherwise).
 
         Keyed by the message's pickle (`request_key`: equal only for messages that render alike), each position
         gets its own top-level copy (the recording render tells messages apart by identity); the sandbox is
