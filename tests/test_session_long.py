@@ -4,7 +4,9 @@ tests/golden/sessions/long-session.json holds the JSON of `python -m engine sess
 generated sessions (engine.bench.long_session_script), taken with the quadratic implementation before the change:
 every request's prompt / reusable / prefill / decode / block / hybrid figures, totals, break views (positions,
 snippets, template lines) and the history-kept what-if. Regenerate only on purpose, and say why:
-`python tests/test_session_long.py --regenerate`.
+`python tests/test_session_long.py --regenerate`. Known on purpose: request 31 of "gpt-oss 30 calls, follow-up" decodes
+-745 tokens (the sequence re-rendered after a final answer drops the analysis turns; issue 14 fixes that figure, and
+the file is regenerated with that fix).
 """
 
 from __future__ import annotations
