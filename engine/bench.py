@@ -422,8 +422,9 @@ LONG_SESSION_CALLS = (50, 200, 1000)
 def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
     """One point of the `long_session` section, measured in this process (`long_session` runs each in a fresh one,
     so that its peak RSS is its own): the session of `calls` read_file calls simulated once, every cache empty
-    first, the time its template renders took, and the floor, the library tokenizing whole only the distinct new
-    text of the run: each text the session tokenizes, from where it stops agreeing with the text before it."""
+    first, the time its template renders took, the session again with its renders replayed (`simulator_s`), and
+    the floor, the library tokenizing whole only the distinct new text of the run: each text the session tokenizes,
+    from where it stops agreeing with the text before it."""
     from engine.session import session_from_json, simulate_session
 
     model = load_model(model_id)
@@ -456,18 +457,59 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
         rss_session = peak_rss_mb("VmRSS")  # the report still held
     finally:
         del tokenizer.encode_extending, renderer.render
+    peak_rss = peak_rss_mb()
+    rows, prompt_tokens = len(report.rows), report.total_prompt_tokens
+    last_prompt = report.rows[-1].prompt_tokens
+    del report
+    simulator_s = _without_renders(model, script)
     encode = _library_encoder(model)
     floor_s = _best(3, lambda: [encode(t) for t in new_texts])
     return {
-        "model": model_id, "calls": calls, "requests": len(report.rows),
-        "last_prompt_tokens": report.rows[-1].prompt_tokens, "prompt_tokens": report.total_prompt_tokens,
+        "model": model_id, "calls": calls, "requests": rows, "last_prompt_tokens": last_prompt,
+        "prompt_tokens": prompt_tokens,
         "new_characters": sum(map(len, new_texts)), "new_tokens": sum(len(encode(t)) for t in new_texts),
         "wall_s": round(wall_s, 4), "render_s": round(render_s[0], 4), "floor_s": round(floor_s, 4),
         "ratio_to_floor": round(wall_s / floor_s, 2) if floor_s else None,
         "ratio_to_render_and_floor": round(wall_s / (render_s[0] + floor_s), 2),
-        "peak_rss_mb": round(peak_rss_mb(), 1), "rss_after_loading_mb": round(rss_loaded, 1),
+        "simulator_s": round(simulator_s, 4), "simulator_ratio_to_floor": round(simulator_s / floor_s, 2),
+        "peak_rss_mb": round(peak_rss, 1), "rss_after_loading_mb": round(rss_loaded, 1),
         "rss_with_report_mb": round(rss_session, 1),
     }
+
+
+def _without_renders(model: LoadedModel, script: Any) -> float:
+    """The session's wall with every template render answered, in order, from a first run's (the same real
+    renders): what the simulator itself costs on top of the template. Run after the RSS figures are taken, since
+    it holds every request's text."""
+    from engine.session import simulate_session
+
+    renderer = getattr(model.renderer, "inner", model.renderer)
+    rendering = renderer.render
+    done: list[tuple[int, bool, Any]] = []
+
+    def keep(messages, tools, *, add_generation_prompt, kwargs=None):
+        rendered = rendering(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        done.append((len(messages), add_generation_prompt, rendered))
+        return rendered
+
+    answers = iter(done)
+
+    def replay(messages, tools, *, add_generation_prompt, kwargs=None):
+        count, generation_prompt, rendered = next(answers)
+        if (count, generation_prompt) != (len(messages), add_generation_prompt):
+            raise RuntimeError("the session asked for its renders in another order the second time")
+        return rendered
+
+    renderer.render = keep
+    try:
+        simulate_session(model, script)
+        model.tokenizer.cache_clear()
+        renderer.render = replay
+        start = time.perf_counter()
+        simulate_session(model, script)
+        return time.perf_counter() - start
+    finally:
+        del renderer.render
 
 
 def growth_exponent(points: list[tuple[float, float]]) -> float | None:
@@ -486,8 +528,8 @@ def growth_exponent(points: list[tuple[float, float]]) -> float | None:
 def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int, ...] = LONG_SESSION_CALLS,
                  progress: Callable[[str], None] | None = None, timeout_s: float = 1800) -> dict[str, Any]:
     """Long agent sessions (`long_session_script`): each (model, calls) point measured in a fresh process, and per
-    model the growth exponents of wall, of the renders, of the rest, and of the memory the session adds (RSS with
-    its report held, less RSS after loading the model)."""
+    model the growth exponents of wall, of the renders, of the rest, of the session with its renders replayed, and
+    of the memory the session adds (RSS with its report held, less RSS after loading the model)."""
     import json
     import subprocess
     from pathlib import Path
@@ -515,6 +557,7 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
             "wall": growth_exponent([(p["calls"], p["wall_s"]) for p in mine]),
             "render": growth_exponent([(p["calls"], p["render_s"]) for p in mine]),
             "wall_without_render": growth_exponent([(p["calls"], p["wall_s"] - p["render_s"]) for p in mine]),
+            "simulator": growth_exponent([(p["calls"], p["simulator_s"]) for p in mine]),
             "session_rss": growth_exponent([(p["calls"], p["rss_with_report_mb"] - p["rss_after_loading_mb"])
                                             for p in mine]),
         }
@@ -744,7 +787,9 @@ def long_session_text(section: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"long session     {p['wall_s']:8.3f} s  ({p['model']}, {p['calls']} calls, {p['requests']} "
                      f"requests, last prompt {p['last_prompt_tokens']} tokens; renders {p['render_s']:.3f} s, floor "
-                     f"{p['floor_s']:.3f} s: {p['ratio_to_floor']:.1f} x the floor; peak RSS {p['peak_rss_mb']:.0f} "
+                     f"{p['floor_s']:.3f} s: {p['ratio_to_floor']:.1f} x the floor; renders replayed "
+                     f"{p['simulator_s']:.3f} s, {p['simulator_ratio_to_floor']:.2f} x the floor; peak RSS "
+                     f"{p['peak_rss_mb']:.0f} "
                      f"MiB, {p['rss_after_loading_mb']:.0f} after loading, {p['rss_with_report_mb']:.0f} with the "
                      "report)")
     for model_id, exponents in section.get("growth_exponent", {}).items():

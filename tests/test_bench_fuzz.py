@@ -150,11 +150,13 @@ def test_bench_json_contract() -> None:
     for point in sessions["points"]:
         assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "new_characters",
                               "new_tokens", "wall_s", "render_s", "floor_s", "ratio_to_floor",
-                              "ratio_to_render_and_floor", "peak_rss_mb", "rss_after_loading_mb",
-                              "rss_with_report_mb"}
+                              "ratio_to_render_and_floor", "simulator_s", "simulator_ratio_to_floor", "peak_rss_mb",
+                              "rss_after_loading_mb", "rss_with_report_mb"}
         assert point["new_tokens"] < point["prompt_tokens"]  # the floor tokenizes what is new, not every prompt
-        assert all(isinstance(point[k], float) and point[k] > 0 for k in ("wall_s", "floor_s", "peak_rss_mb"))
-    assert set(sessions["growth_exponent"]["qwen3.5"]) == {"wall", "render", "wall_without_render", "session_rss"}
+        assert all(isinstance(point[k], float) and point[k] > 0 for k in ("wall_s", "floor_s", "simulator_s",
+                                                                           "peak_rss_mb"))
+    assert set(sessions["growth_exponent"]["qwen3.5"]) == {"wall", "render", "wall_without_render", "simulator",
+                                                           "session_rss"}
     assert isinstance(sessions["growth_exponent"]["qwen3.5"]["wall"], float)
 
 
