@@ -4,8 +4,10 @@ Figures: cold start (every default model's template and tokenizer loaded fresh),
 every cache emptied first, the median cell, the floor (the distinct strings the matrix tokenizes, each tokenized
 whole by the tokenizer library, nothing cached), the same distinct requests rendered once, peak RSS, a cell
 recomputed after a kwarg toggle with the caches warm (the web app's click), and a naive baseline: transformers'
-`apply_chat_template(..., tokenize=True)` on every request, nothing cached. A benchmark, not a test: nothing here
-asserts a timing.
+`apply_chat_template(..., tokenize=True)` on every request, nothing cached. Then `long_session`: agent sessions of
+50, 200 and 1,000 tool calls for two models, each in a fresh process (wall, template renders, peak RSS, the ratio to
+the floor of tokenizing only the distinct new text, and how each grows with the session). A benchmark, not a test:
+nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class BenchReport:
     # Where tokenization does dominate: the prompts of long random conversations (engine.fuzz), each string
     # tokenized whole by the library vs by the segment cache starting empty.
     long_conversations: dict[str, Any] = field(default_factory=dict)
+    # Long agent sessions (N read_file calls) per model, each point in a fresh process: wall, renders, floor, RSS.
+    long_session: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,12 +100,12 @@ class RenderRequest:
     kwargs: dict | None
 
 
-def peak_rss_mb() -> float:
-    """High-water resident set size of this process (VmHWM), in MiB."""
+def peak_rss_mb(field: str = "VmHWM") -> float:
+    """High-water resident set size of this process (VmHWM; "VmRSS": the current one), in MiB."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -372,11 +376,200 @@ def long_conversation_tokenization(model_id: str = "qwen3.6", conversations: int
             "segmented_s": round(segmented_s, 4), "speedup": round(whole_s / segmented_s, 2)}
 
 
+def long_session_script(calls: int, follow_up: bool = False) -> dict[str, Any]:
+    """A session script (the JSON shape of scenarios/sessions/) of an agent reading `calls` files: one user task,
+    then per call a short reasoning, one `read_file` call and a 40-line result; the last reply answers (with
+    `follow_up`, a next user question follows it). The shape issue 19 measured (about 480 Qwen3.6 tokens per call);
+    deterministic, so a golden file can pin its figures."""
+    tools = [{"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the workspace and return its text",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": "a relative path"}},
+                       "required": ["path"]}}}]
+    steps: list[dict[str, Any]] = [{"role": "user", "content": f"Review the {calls} modules under src/pkg/ for "
+                                    "functions that swallow exceptions, and list each one with its file and line."}]
+    for call in range(calls):
+        path = f"src/pkg/module_{call:04d}.py"
+        lines = [f'"""Module {call}: helpers for stage {call % 7} of the pipeline."""', "", "import logging", ""]
+        for k in range(36):
+            n = call * 36 + k
+            if k % 6 == 0:
+                lines.append(f"def step_{n}(items, limit={n % 97}):")
+            elif k % 6 == 5:
+                lines.append("    return [x for x in items if x < limit]")
+            else:
+                lines.append(f"    total += items[{k}]")
+        steps.append({"role": "assistant",
+                      "reasoning_content": f"Next I read {path} to check its handlers ({call + 1} of {calls}).",
+                      "content": "", "tool_calls": [{"id": f"call_{call:04d}", "type": "function", "function": {
+                          "name": "read_file", "arguments": {"path": path}}}]})
+        steps.append({"role": "tool", "tool_call_id": f"call_{call:04d}", "content": "\n".join(lines)})
+    steps.append({"role": "assistant", "reasoning_content": "Every module is read; none swallows an exception.",
+                  "content": f"I read all {calls} modules: no function swallows an exception."})
+    if follow_up:  # a next user question: templates that drop earlier reasoning break the prefix here
+        steps.append({"role": "user", "content": "Which module was the longest?"})
+    return {"id": f"long-session-{calls}" + ("-follow-up" if follow_up else ""),
+            "description": f"An agent reading {calls} files, one read_file call each",
+            "tools": tools, "system": "You are a careful code reviewer with access to the workspace.",
+            "steps": steps}
+
+
+LONG_SESSION_MODELS = ("qwen3.6", "glm-5.1")
+LONG_SESSION_CALLS = (50, 200, 1000)
+
+
+def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
+    """One point of the `long_session` section, measured in this process (`long_session` runs each in a fresh one,
+    so that its peak RSS is its own): the session of `calls` read_file calls simulated once, every cache empty
+    first, the time its template renders took, the session again with its renders replayed (`simulator_s`), and
+    the floor, the library tokenizing whole only the distinct new text of the run: each text the session tokenizes,
+    from where it stops agreeing with the text before it."""
+    from engine.session import session_from_json, simulate_session
+
+    model = load_model(model_id)
+    script = session_from_json(long_session_script(calls), f"engine.bench.long_session_script({calls})")
+    model.renderer.cache_clear()  # and the renderer's own caches (a Jinja renderer's converted messages)
+    tokenizer, renderer = model.tokenizer, getattr(model.renderer, "inner", model.renderer)
+    tokenizer.cache_clear()
+    rss_loaded = peak_rss_mb("VmRSS")
+    new_texts: list[str] = []
+    render_s = [0.0]
+    extending, rendering = tokenizer.encode_extending, renderer.render
+
+    def record_text(text, previous=None):
+        tokenized = extending(text, previous)
+        new_texts.append(tokenized.chars.tail)  # the text from where it stops agreeing with `previous`
+        return tokenized
+
+    def timed_render(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return rendering(*args, **kwargs)
+        finally:
+            render_s[0] += time.perf_counter() - begin
+
+    tokenizer.encode_extending, renderer.render = record_text, timed_render
+    try:
+        start = time.perf_counter()
+        report = simulate_session(model, script)
+        wall_s = time.perf_counter() - start
+        rss_session = peak_rss_mb("VmRSS")  # the report still held
+    finally:
+        del tokenizer.encode_extending, renderer.render
+    peak_rss = peak_rss_mb()
+    rows, prompt_tokens = len(report.rows), report.total_prompt_tokens
+    last_prompt = report.rows[-1].prompt_tokens
+    del report
+    simulator_s = _without_renders(model, script)
+    encode = _library_encoder(model)
+    floor_s = _best(3, lambda: [encode(t) for t in new_texts])
+    return {
+        "model": model_id, "calls": calls, "requests": rows, "last_prompt_tokens": last_prompt,
+        "prompt_tokens": prompt_tokens,
+        "new_characters": sum(map(len, new_texts)), "new_tokens": sum(len(encode(t)) for t in new_texts),
+        "wall_s": round(wall_s, 4), "render_s": round(render_s[0], 4), "floor_s": round(floor_s, 4),
+        "ratio_to_floor": round(wall_s / floor_s, 2) if floor_s else None,
+        "ratio_to_render_and_floor": round(wall_s / (render_s[0] + floor_s), 2),
+        "simulator_s": round(simulator_s, 4), "simulator_ratio_to_floor": round(simulator_s / floor_s, 2),
+        "peak_rss_mb": round(peak_rss, 1), "rss_after_loading_mb": round(rss_loaded, 1),
+        "rss_with_report_mb": round(rss_session, 1),
+    }
+
+
+def _without_renders(model: LoadedModel, script: Any) -> float:
+    """The session's wall with every template render answered, in order, from a first run's (the same real
+    renders): what the simulator itself costs on top of the template. Run after the RSS figures are taken, since
+    it holds every request's text."""
+    from engine.session import simulate_session
+
+    renderer = getattr(model.renderer, "inner", model.renderer)
+    rendering = renderer.render
+    done: list[tuple[int, bool, Any]] = []
+
+    def keep(messages, tools, *, add_generation_prompt, kwargs=None):
+        rendered = rendering(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        done.append((len(messages), add_generation_prompt, rendered))
+        return rendered
+
+    answers = iter(done)
+
+    def replay(messages, tools, *, add_generation_prompt, kwargs=None):
+        count, generation_prompt, rendered = next(answers)
+        if (count, generation_prompt) != (len(messages), add_generation_prompt):
+            raise RuntimeError("the session asked for its renders in another order the second time")
+        return rendered
+
+    renderer.render = keep
+    try:
+        simulate_session(model, script)
+        model.tokenizer.cache_clear()
+        renderer.render = replay
+        start = time.perf_counter()
+        simulate_session(model, script)
+        return time.perf_counter() - start
+    finally:
+        del renderer.render
+
+
+def growth_exponent(points: list[tuple[float, float]]) -> float | None:
+    """The least-squares slope of log(cost) over log(size): 1 is linear, 2 quadratic."""
+    import math
+
+    pairs = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0]
+    if len(pairs) < 2:
+        return None
+    mean_x = sum(x for x, _ in pairs) / len(pairs)
+    mean_y = sum(y for _, y in pairs) / len(pairs)
+    spread = sum((x - mean_x) ** 2 for x, _ in pairs)
+    return round(sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread, 3) if spread else None
+
+
+def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int, ...] = LONG_SESSION_CALLS,
+                 progress: Callable[[str], None] | None = None, timeout_s: float = 1800) -> dict[str, Any]:
+    """Long agent sessions (`long_session_script`): each (model, calls) point measured in a fresh process, and per
+    model the growth exponents of wall, of the renders, of the rest, of the session with its renders replayed, and
+    of the memory the session adds (RSS with its report held, less RSS after loading the model)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    points: list[dict[str, Any]] = []
+    for model_id in models:
+        for n in calls:
+            if progress:
+                progress(f"long session: {model_id}, {n} tool calls (a fresh process)")
+            code = ("import json, sys; from engine.bench import long_session_point; "
+                    "print(json.dumps(long_session_point(sys.argv[1], int(sys.argv[2]))))")
+            try:
+                run = subprocess.run([sys.executable, "-c", code, model_id, str(n)], cwd=root, capture_output=True,
+                                     text=True, timeout=timeout_s)
+                point = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else \
+                    {"model": model_id, "calls": n, "error": (run.stderr.strip().splitlines() or ["failed"])[-1]}
+            except subprocess.TimeoutExpired:
+                point = {"model": model_id, "calls": n, "error": f"took over {timeout_s:.0f} s"}
+            points.append(point)
+    exponents: dict[str, dict[str, float | None]] = {}
+    for model_id in models:
+        mine = [p for p in points if p["model"] == model_id and "error" not in p]
+        exponents[model_id] = {
+            "wall": growth_exponent([(p["calls"], p["wall_s"]) for p in mine]),
+            "render": growth_exponent([(p["calls"], p["render_s"]) for p in mine]),
+            "wall_without_render": growth_exponent([(p["calls"], p["wall_s"] - p["render_s"]) for p in mine]),
+            "simulator": growth_exponent([(p["calls"], p["simulator_s"]) for p in mine]),
+            "session_rss": growth_exponent([(p["calls"], p["rss_with_report_mb"] - p["rss_after_loading_mb"])
+                                            for p in mine]),
+        }
+    return {"script": "engine.bench.long_session_script (one read_file call and a 40-line result per call)",
+            "models": list(models), "calls": list(calls), "points": points, "growth_exponent": exponents}
+
+
 def _progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: bool = True,
+              long_session_calls: tuple[int, ...] = LONG_SESSION_CALLS,
+              long_session_models: tuple[str, ...] = LONG_SESSION_MODELS,
               progress: Callable[[str], None] = _progress) -> BenchReport:
     request = request or default_request()
     models = request.models
@@ -494,6 +687,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     long_model = next((m for m in models if load_model(m).tokenizer is not None), None)
     progress("long conversations: whole-string vs segment-cached tokenization")
     long_conversations = long_conversation_tokenization(long_model, repeat=repeat) if long_model else {}
+    sessions = long_session(long_session_models, long_session_calls, progress) if long_session_calls else {}
     return BenchReport(
         date=datetime.date.today().isoformat(),
         machine=machine_name(),
@@ -537,6 +731,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         segment_reuse=segment_reuse,
         cache_stats=stats,
         long_conversations=long_conversations,
+        long_session=sessions,
     )
 
 
@@ -576,6 +771,26 @@ def report_text(r: BenchReport) -> str:
         lines.append(f"long prompts     {lc['whole_s']:8.3f} s whole vs {lc['segmented_s']:.3f} s segment-cached "
                      f"({lc['speedup']:.2f} x; {lc['model']}, {lc['conversations']} fuzz conversations, "
                      f"{lc['strings']} strings, {lc['tokens']} tokens)")
+    lines += long_session_text(r.long_session)
     lines += [f"naive path {m}: {p}" for m, p in r.naive_paths.items()]
     lines += [f"segments {m}: {note}" for m, note in r.segment_reuse.items()]
     return "\n".join(lines)
+
+
+def long_session_text(section: dict[str, Any]) -> list[str]:
+    lines = []
+    for p in section.get("points", []):
+        if "error" in p:
+            lines.append(f"long session     {p['model']}, {p['calls']} calls: {p['error']}")
+            continue
+        lines.append(f"long session     {p['wall_s']:8.3f} s  ({p['model']}, {p['calls']} calls, {p['requests']} "
+                     f"requests, last prompt {p['last_prompt_tokens']} tokens; renders {p['render_s']:.3f} s, floor "
+                     f"{p['floor_s']:.3f} s: {p['ratio_to_floor']:.1f} x the floor; renders replayed "
+                     f"{p['simulator_s']:.3f} s, {p['simulator_ratio_to_floor']:.2f} x the floor; peak RSS "
+                     f"{p['peak_rss_mb']:.0f} "
+                     f"MiB, {p['rss_after_loading_mb']:.0f} after loading, {p['rss_with_report_mb']:.0f} with the "
+                     "report)")
+    for model_id, exponents in section.get("growth_exponent", {}).items():
+        shown = ", ".join(f"{k} {v}" for k, v in exponents.items() if v is not None)
+        lines.append(f"long session     {model_id} growth exponents: {shown}")
+    return lines

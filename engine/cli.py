@@ -360,7 +360,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     request = MatrixRequest(models=tuple(_split(args.models) or default.models),
                             scenarios=tuple(_split(args.scenarios) or default.scenarios),
                             engines=tuple(_split(args.engines) or default.engines), kwargs={})
-    report = run_bench(request, repeat=args.repeat, naive=not args.no_naive)
+    calls_given = [] if args.long_session_calls == "none" else _split(args.long_session_calls) or []
+    if not all(n.isdigit() and int(n) > 0 for n in calls_given):
+        raise ExplorerError(f"bench: --long-session-calls must be positive whole numbers or none, got "
+                            f"{args.long_session_calls!r}")
+    report = run_bench(request, repeat=args.repeat, naive=not args.no_naive,
+                       long_session_calls=tuple(int(n) for n in calls_given),
+                       long_session_models=tuple(_split(args.long_session_models) or ()))
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -483,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scenarios")
     bench.add_argument("--engines")
     bench.add_argument("--no-naive", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--long-session-calls", default="50,200,1000", metavar="N,N,...|none",
+                       help="tool calls of the long agent sessions measured (default 50,200,1000; none skips them)")
+    bench.add_argument("--long-session-models", default="qwen3.6,glm-5.1", metavar="M,M")
     bench.add_argument("--json", metavar="PATH|-")
     bench.set_defaults(func=cmd_bench)
 

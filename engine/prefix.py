@@ -1,13 +1,24 @@
-"""Longest common prefix of two token-id sequences or two strings, in C-speed slices (no per-item Python loop)."""
+"""Longest common prefixes, without a per-item Python loop and without copying whole sequences.
+
+`common_prefix` compares two token-id sequences or two strings. `SharedSequence` stores a sequence as the first
+`keep` items of another one plus its own tail: each request of an agent session extends the previous one, so a
+session of N requests holds what is new in each, not N copies of a growing history; `shared_common_prefix`
+compares two of them starting where their structure already says they agree.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 
 def common_prefix(a: Sequence, b: Sequence) -> int:
     """Length of the longest common prefix of `a` and `b` (lists, tuples or strings)."""
     n = min(len(a), len(b))
+    if isinstance(a, str) and isinstance(b, str):
+        return _common_prefix_str(a, b, n)
     if a[:n] == b[:n]:
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
@@ -18,3 +29,79 @@ def common_prefix(a: Sequence, b: Sequence) -> int:
         else:
             hi = mid
     return lo
+
+
+def _common_prefix_str(a: str, b: str, n: int) -> int:
+    # startswith compares in place: only the probe (half, a quarter, ... of the rest) is ever copied.
+    if (a if len(a) >= len(b) else b).startswith(b if len(a) >= len(b) else a):
+        return n
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.startswith(b[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class SharedSequence:
+    """The first `keep` items of `parent`, then `tail` (a str, or a numpy array of token ids); immutable.
+
+    Reading a slice walks the parents without recursion, so chains as long as a session are fine; `materialize`
+    builds the whole sequence (a str, or a tuple of ints) only for a view that reads it.
+    """
+
+    __slots__ = ("parent", "keep", "tail", "length")
+
+    def __init__(self, parent: SharedSequence | None, keep: int, tail: Any) -> None:
+        if parent is None:
+            keep = 0
+        elif not 0 <= keep <= parent.length:
+            raise ValueError(f"keep {keep} outside the parent's {parent.length} items")
+        self.parent, self.keep, self.tail = parent, keep, tail
+        self.length = keep + len(tail)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def slice(self, start: int, stop: int) -> Any:
+        """Items start..stop-1, as the tail's type."""
+        start, stop = max(start, 0), min(stop, self.length)
+        parts: list[Any] = []
+        node: SharedSequence | None = self
+        while node is not None and start < stop:
+            if stop > node.keep:
+                low = max(start, node.keep)
+                parts.append(node.tail[low - node.keep:stop - node.keep])
+                stop = low
+            node = node.parent
+        parts.reverse()
+        if isinstance(self.tail, str):
+            return "".join(parts)
+        return np.concatenate(parts) if parts else self.tail[:0]
+
+    def materialize(self) -> Any:
+        whole = self.slice(0, self.length)
+        return whole if isinstance(whole, str) else tuple(whole.tolist())
+
+
+def shared_common_prefix(x: SharedSequence, y: SharedSequence, known: int = 0) -> int:
+    """Longest common prefix of two shared sequences of ids, given that their first `known` items agree.
+
+    When one extends the other, the items it kept from its parent agree by construction; the rest is compared in
+    growing blocks, so the cost follows the length of the difference region, not of the sequences.
+    """
+    if x.parent is y:
+        known = max(known, x.keep)
+    elif y.parent is x:
+        known = max(known, y.keep)
+    n = min(x.length, y.length)
+    at, step = min(known, n), 256
+    while at < n:
+        stop = min(n, at + step)
+        differ = np.flatnonzero(x.slice(at, stop) != y.slice(at, stop))
+        if differ.size:
+            return at + int(differ[0])
+        at, step = stop, step * 4
+    return n

@@ -16,13 +16,19 @@ Plain data in and out:
   questions and a timestamp pattern for the cross-session experiments, and optional `what_if` settings
   (`summary` {step, from_request, content}, `added_tool`, `tools_change_request`).
 - `CachedSequence` / `Reuse`: the pure accounting. `reuse_of(prompt_ids, cached, block_size)` says how many tokens a
-  prompt reuses at token, block and hybrid granularity from the sequences a cache holds.
+  prompt reuses at token, block and hybrid granularity from the sequences a cache holds, for any id sequences.
+  `ReuseIndex` gives the same figures for a cache that gains one sequence per request, each request costing what
+  is new in it (the simulator's way: a 1,000-call session would otherwise compare every prompt with every earlier
+  sequence, token by token).
 - `Counts`: prompt / reusable / prefill / decode tokens of one request (or a total) under one accounting
   ("token", "block" or "hybrid", see `ACCOUNTINGS`).
 - `RequestRow`: one request: its counts under all three accountings (`counts(accounting)`), the length of the
   previous request's sequence, which earlier request's sequence the reuse comes from (`matched_request`), and the
   rendered prompt/sequence (`Rendered`, with per-character message index and template line) and their tokens
-  (`Tokens`, ids with character offsets). `breaks` is true when the reuse is short of the whole previous sequence.
+  (`Tokens`, ids with character offsets), built only when a view reads them (`RequestViews`): the session itself
+  keeps each request's text and ids as what they add to the one before (`engine.prefix.SharedSequence`), and
+  tokenizes each text reusing the ids of what it shares with the one before
+  (`engine.tokenize.tokenize_extending`). `breaks` is true when the reuse is short of the whole previous sequence.
 - `SessionReport`: all rows plus the settings (kwargs, block size, checkpoint policy, history mode, rewrites);
   `totals(accounting)` sums a column, `to_json()` is the CLI's JSON.
 - `BreakView` (from `break_view(report, index)`): for a request that breaks, the sequence it is compared with and
@@ -67,12 +73,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
 from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines
-from engine.prefix import common_prefix
+from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
 from engine.simulate import client_message, raw_request
+from engine.tokenize import TokenizedText, Tokenizer, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
 SESSIONS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "sessions"
@@ -130,10 +139,15 @@ def load_session(name_or_path: str) -> SessionScript:
     if isinstance(raw.get("steps"), list) and len(raw["steps"]) > most:
         raise ExplorerError(f"session script {path} has {len(raw['steps'])} steps, over the limit of {most} "
                             f"({MAX_STEPS_ENV})")
+    return session_from_json(raw, str(path))
+
+
+def session_from_json(raw: Any, source: str) -> SessionScript:
+    """A session script from its JSON data (what `load_session` reads from `source`)."""
     try:
         stamp = raw.get("timestamp", {})
         script = SessionScript(
-            id=raw.get("id", path.stem),
+            id=raw.get("id", Path(source).stem),
             description=raw.get("description", ""),
             tools=raw.get("tools"),
             system=raw.get("system", ""),
@@ -143,19 +157,19 @@ def load_session(name_or_path: str) -> SessionScript:
             timestamp_template=stamp.get("template", ""),
             timestamp_seconds=tuple(stamp.get("seconds", ())),
             what_if=dict(raw.get("what_if", {})),
-            source=str(path),
+            source=source,
         )
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
-        raise ExplorerError(f"session script {path} is malformed: {err}") from err
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise ExplorerError(f"session script {source} is malformed: {err}") from err
     for i, step in enumerate(script.steps):
         if not isinstance(step, dict) or step.get("role") not in STEP_ROLES:
-            raise ExplorerError(f"session script {path}: step {i} must be a message whose role is one of "
+            raise ExplorerError(f"session script {source}: step {i} must be a message whose role is one of "
                                 f"{', '.join(STEP_ROLES)}, got {_short_repr(step)}")
         if not isinstance(step.get("content", ""), str | type(None)):
-            raise ExplorerError(f"session script {path}: step {i}'s content must be a string, not "
+            raise ExplorerError(f"session script {source}: step {i}'s content must be a string, not "
                                 f"{type(step['content']).__name__}")
     if not script.request_steps:
-        raise ExplorerError(f"session script {path} has no user or tool message, so it makes no request")
+        raise ExplorerError(f"session script {source} has no user or tool message, so it makes no request")
     return script
 
 
@@ -225,6 +239,72 @@ def reuse_of(prompt_ids: Sequence[int], cached: Sequence[CachedSequence], block_
     return Reuse(token, block_reusable(token, block_size), hybrid, matched)
 
 
+class ReuseIndex:
+    """`reuse_of` for a cache that gains one sequence per request, each prompt costing what is new in it.
+
+    `reuse(prompt)` then `add(sequence, checkpoints)` per request (ids as any sequence of ints, or as the session's
+    `SharedSequence`s). It keeps, for the latest cached sequence A, lcp(A, S) with every cached sequence S. A prompt
+    P is compared with A directly (P usually extends A, so only from where it stops sharing A's ids); for every
+    other S, lcp(P, S) = min(lcp(P, A), lcp(A, S)) when the two differ, and only where they are equal, with both P
+    and S going on past that point, are P and S compared, from there. The sequence added is placed the same way
+    through the prompt just measured. Same figures as `reuse_of` over the same sequences
+    (tests/test_session_blocks.py checks it on random ones).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.sequences: list[SharedSequence] = []
+        self._lengths = np.zeros(0, dtype=np.int64)
+        self._checkpoints = np.zeros((0, 2), dtype=np.int64)  # -1 where a sequence has fewer checkpoints
+        self._to_latest = np.zeros(0, dtype=np.int64)  # lcp(latest sequence, each sequence)
+        self._measured: tuple[SharedSequence, np.ndarray] | None = None  # the last prompt and its lcps
+
+    def _through(self, x: SharedSequence, with_middle: int, middle_to: np.ndarray) -> np.ndarray:
+        """lcp(x, S) for every cached S, from lcp(x, M) and lcp(M, S) for some sequence M."""
+        common = np.minimum(middle_to, with_middle)
+        for j in np.flatnonzero(middle_to == with_middle).tolist():
+            if with_middle < x.length and with_middle < self._lengths[j]:
+                common[j] = shared_common_prefix(x, self.sequences[j], known=with_middle)
+        return common
+
+    def _common(self, x: SharedSequence) -> np.ndarray:
+        if not self.sequences:
+            return np.zeros(0, dtype=np.int64)
+        return self._through(x, shared_common_prefix(x, self.sequences[-1]), self._to_latest)
+
+    def reuse(self, prompt: SharedSequence | Sequence[int]) -> Reuse:
+        """What `prompt` reuses from the sequences added so far."""
+        prompt = _shared_ids(prompt)
+        common = self._common(prompt)
+        self._measured = (prompt, common)
+        if not self.sequences:
+            return Reuse(0, 0, 0, -1)
+        token = int(common.max())
+        matched = len(common) - 1 - int(np.argmax(common[::-1]))  # ties go to the latest sequence
+        usable = np.where(self._checkpoints <= common[:, None], self._checkpoints, 0)
+        return Reuse(token, block_reusable(token, self.block_size), max(0, int(usable.max())), matched)
+
+    def add(self, sequence: SharedSequence | Sequence[int], checkpoints: tuple[int, ...] = ()) -> None:
+        """Cache `sequence` (a request's prompt plus generation) with the hybrid checkpoints taken in it."""
+        sequence = _shared_ids(sequence)
+        if self._measured is not None:
+            prompt, common = self._measured
+            to_latest = self._through(sequence, shared_common_prefix(sequence, prompt), common)
+        else:
+            to_latest = self._common(sequence)
+        self._measured = None
+        row = np.full((1, 2), -1, dtype=np.int64)
+        row[0, :len(checkpoints)] = checkpoints
+        self.sequences.append(sequence)
+        self._lengths = np.append(self._lengths, sequence.length)
+        self._checkpoints = np.concatenate((self._checkpoints, row))
+        self._to_latest = np.append(to_latest, sequence.length)
+
+
+def _shared_ids(ids: SharedSequence | Sequence[int]) -> SharedSequence:
+    return ids if isinstance(ids, SharedSequence) else SharedSequence(None, 0, np.asarray(ids, dtype=np.int32))
+
+
 def checkpoints_after(prompt_len: int, sequence_len: int, policy: str) -> tuple[int, ...]:
     """Where a hybrid model keeps its state after one request, under a checkpoint policy."""
     if policy == "prompt-and-generation-end":
@@ -247,6 +327,43 @@ class Counts:
         return dict(self.__dict__)
 
 
+class RequestViews:
+    """One request's rendered prompt and sequence (text with per-character provenance) and their tokens (ids with
+    character offsets), each built the first time a view reads it, from the session's shared text and ids.
+
+    A session keeps what is new in each request (`engine.prefix.SharedSequence`), not a copy of the whole history
+    per request: a 1,000-call session's prompts hold 10^8 characters in all. The provenance comes from rendering the
+    request again (the renderer checks it gives the same text); offsets from tokenizing the text again.
+    """
+
+    def __init__(self, prompt: Callable[[], Rendered], prompt_tokens: Callable[[], Tokens],
+                 sequence: Callable[[], Rendered], sequence_tokens: Callable[[], Tokens]) -> None:
+        self._build = {"prompt_render": prompt, "prompt_tokenized": prompt_tokens, "sequence_render": sequence,
+                       "sequence_tokenized": sequence_tokens}
+        self._built: dict[str, Any] = {}
+
+    def _get(self, name: str) -> Any:
+        if name not in self._built:
+            self._built[name] = self._build[name]()
+        return self._built[name]
+
+    @property
+    def prompt_render(self) -> Rendered:
+        return self._get("prompt_render")
+
+    @property
+    def prompt_tokenized(self) -> Tokens:
+        return self._get("prompt_tokenized")
+
+    @property
+    def sequence_render(self) -> Rendered:
+        return self._get("sequence_render")
+
+    @property
+    def sequence_tokenized(self) -> Tokens:
+        return self._get("sequence_tokenized")
+
+
 @dataclass(frozen=True)
 class RequestRow:
     index: int  # 1-based request number
@@ -260,13 +377,27 @@ class RequestRow:
     sequence_tokens: int  # prompt + generation
     previous_sequence_tokens: int = 0  # the whole sequence of request index-1 (0 for the first request)
     matched_request: int = 0  # the request whose sequence the reuse comes from (0: none)
-    prompt_render: Rendered | None = field(default=None, repr=False, compare=False)
-    prompt_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
-    sequence_render: Rendered | None = field(default=None, repr=False, compare=False)
-    sequence_tokenized: Tokens | None = field(default=None, repr=False, compare=False)
+    # The rendered prompt / sequence and their tokens, built when a view first reads them (`RequestViews`).
+    views: RequestViews | None = field(default=None, repr=False, compare=False)
     # Under an engine: what its parsers changed in this request's reply, and its request side in this prompt.
     parse_edits: tuple[Edit, ...] = field(default=(), repr=False, compare=False)
     request_edits: tuple[Edit, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def prompt_render(self) -> Rendered | None:
+        return self.views.prompt_render if self.views else None
+
+    @property
+    def prompt_tokenized(self) -> Tokens | None:
+        return self.views.prompt_tokenized if self.views else None
+
+    @property
+    def sequence_render(self) -> Rendered | None:
+        return self.views.sequence_render if self.views else None
+
+    @property
+    def sequence_tokenized(self) -> Tokens | None:
+        return self.views.sequence_tokenized if self.views else None
 
     @property
     def block_prefill_tokens(self) -> int:
@@ -384,23 +515,65 @@ def _edit_json(edit: Edit) -> dict[str, Any]:
 # Rendering a session
 
 
-RenderFn = Callable[[list[dict], list[dict] | None, bool], tuple[Rendered, Tokens]]
+RenderFn = Callable[[list[dict], list[dict] | None, bool], Rendered]
 
 
 def _session_renderer(model: LoadedModel, script: SessionScript,
                       kwargs: dict[str, Any] | None) -> tuple[dict[str, Any], RenderFn]:
-    """The template kwargs this script runs with, and a function rendering + tokenizing messages with them."""
+    """The template kwargs this script runs with, and a function rendering messages with them.
+
+    It renders past the model's render cache: every request of a session is a new one, and the cache would keep
+    each whole prompt alive (a 1,000-call session's prompts add up to 10^8 characters).
+    """
     if model.tokenizer is None:
         raise ExplorerError(model.tokenizer_unavailable or f"model {model.id} has no tokenizer")
-    tokenizer = model.tokenizer
+    renderer = getattr(model.renderer, "inner", model.renderer)
     template_kwargs = {**model.spec.default_kwargs(), **script.kwargs, **(kwargs or {})}
 
-    def render(messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> tuple[Rendered, Tokens]:
-        rendered = model.renderer.render(messages, tools, add_generation_prompt=generation_prompt,
-                                         kwargs=template_kwargs)
-        return rendered, tokenizer.encode(rendered.text)
+    def render(messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> Rendered:
+        return renderer.render(messages, tools, add_generation_prompt=generation_prompt, kwargs=template_kwargs)
 
     return template_kwargs, render
+
+
+def _rendered_view(chars: SharedSequence, again: Callable[[], Rendered], model: LoadedModel, source_path: str,
+                   origin: str) -> Callable[[], Rendered]:
+    """A request's `Rendered`, built when read: the text the session tokenized, the provenance of rendering the
+    same request again (read only by a view)."""
+    def build() -> Rendered:
+        text = chars.materialize()
+
+        def provenance() -> tuple[tuple[int, ...], tuple[int, ...]]:
+            rendered = again()
+            if rendered.text != text:
+                raise RenderError(f"{source_path} for model {model.id} rendered a different text when run again to "
+                                  "record which message and line produced each character (does it read the clock?)",
+                                  model=model.id, path=source_path)
+            return rendered.message_index, rendered.source_line
+
+        return Rendered(text=text, source_path=source_path, origin=origin, provenance=provenance)
+
+    return build
+
+
+def _retokenized(tokenizer: Tokenizer, chars: SharedSequence) -> Callable[[], Tokens]:
+    return lambda: tokenizer.encode(chars.materialize())
+
+
+def _template_views(model: LoadedModel, render: RenderFn, messages: list[dict], tools: list[dict] | None,
+                    prompt: Rendered, prompt_state: TokenizedText, reply: dict | None, sequence: Rendered,
+                    sequence_state: TokenizedText) -> RequestViews:
+    tokenizer = model.tokenizer
+    assert tokenizer is not None  # _session_renderer refuses a model without one
+    prompt_view = _rendered_view(prompt_state.chars, lambda: render(messages, tools, True), model,
+                                 prompt.source_path, prompt.origin)
+    prompt_tokens = _retokenized(tokenizer, prompt_state.chars)
+    if reply is None:
+        return RequestViews(prompt_view, prompt_tokens, prompt_view, prompt_tokens)
+    return RequestViews(prompt_view, prompt_tokens,
+                        _rendered_view(sequence_state.chars, lambda: render(messages + [reply], tools, False), model,
+                                       sequence.source_path, sequence.origin),
+                        _retokenized(tokenizer, sequence_state.chars))
 
 
 def _concat(head: Rendered | None, tail: Rendered, origin: str) -> Rendered:
@@ -499,9 +672,12 @@ def simulate_session(
                             f"keep the history {history!r}; use history 'template' with an engine")
     template_kwargs, render = _session_renderer(model, script, kwargs)
     engine_side = _EngineSide(model, script, engine, template_kwargs, render) if engine is not None else None
+    tokenizer = model.tokenizer
+    assert tokenizer is not None  # _session_renderer refuses a model without one
 
-    cached: list[CachedSequence] = []
+    index = ReuseIndex(block_size)
     rows: list[RequestRow] = []
+    last: TokenizedText | None = None  # the text tokenized last, which the next one usually extends
     kept: Rendered | None = None  # append mode: the previous request's whole sequence as first rendered
     kept_messages = 0
     for n, step in enumerate(script.request_steps, start=1):
@@ -510,51 +686,60 @@ def simulate_session(
         reply = next((m for m in script.steps[step + 1:] if m["role"] == "assistant"), None)
         edits: dict[str, tuple[Edit, ...]] = {}
         if engine_side is not None:
-            prompt, prompt_tokenized, sequence, sequence_tokenized, edits = engine_side.request(messages, tools, n,
-                                                                                                step)
+            prompt, to_render, written, edits = engine_side.request(messages, tools, n, step)
+            prompt_state = last = tokenize_extending(tokenizer, prompt.text, last)
+            prompt_ids = sequence_ids = prompt_state.ids
+            if written is not None:
+                sequence_ids = SharedSequence(prompt_ids, prompt_ids.length, np.asarray(written.ids, dtype=np.int32))
+            views = engine_side.views(prompt, prompt_state, to_render, tools, len(messages), written)
         elif history == "template":
-            prompt, prompt_tokenized = render(messages, tools, True)
+            prompt = sequence = render(messages, tools, True)
+            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last)
             if reply:
-                sequence, sequence_tokenized = render(messages + [reply], tools, False)
-            else:
-                sequence, sequence_tokenized = prompt, prompt_tokenized
+                sequence = render(messages + [reply], tools, False)
+                sequence_state = last = tokenize_extending(tokenizer, sequence.text, prompt_state)
+            prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
+            views = _template_views(model, render, messages, tools, prompt, prompt_state, reply, sequence,
+                                    sequence_state)
         else:
             origin = f"append-only history over {model.renderer.origin}"
-            without, _ = render(messages, tools, False)
+            without = render(messages, tools, False)
             base = _concat(kept, _from_message(without, kept_messages, model) if kept else without, origin)
-            prompt = _concat(base, _generation_prompt(render(messages, tools, True)[0], without, model), origin)
-            prompt_tokenized = model.tokenizer.encode(prompt.text)
-            sequence, sequence_tokenized = prompt, prompt_tokenized
+            prompt = sequence = _concat(base, _generation_prompt(render(messages, tools, True), without, model),
+                                        origin)
+            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last)
             if reply:
-                with_reply, _ = render(messages + [reply], tools, False)
+                with_reply = render(messages + [reply], tools, False)
                 sequence = _concat(base, _from_message(with_reply, len(messages), model), origin)
-                sequence_tokenized = model.tokenizer.encode(sequence.text)
+                sequence_state = last = tokenize_extending(tokenizer, sequence.text, prompt_state)
             kept, kept_messages = sequence, len(messages) + (1 if reply else 0)
-        reuse = reuse_of(prompt_tokenized.ids, cached, block_size)
+            prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
+            views = RequestViews((lambda p=prompt: p), _retokenized(tokenizer, prompt_state.chars),
+                                 (lambda q=sequence: q), _retokenized(tokenizer, sequence_state.chars))
+        reuse = index.reuse(prompt_ids)
+        decode = None
+        if reply and (engine_side is not None or sequence.text.startswith(prompt.text)):
+            decode = sequence_ids.length - prompt_ids.length
+        elif reply:  # the template re-rendered the history once the reply was added (_decode_tokens)
+            decode = _decode_tokens(views.prompt_render, views.prompt_tokenized, views.sequence_render,
+                                    views.sequence_tokenized, len(messages))
         trigger = "tool" if script.steps[step]["role"] == "tool" else ("next user" if seen_assistant else "user")
         rows.append(RequestRow(
             index=n,
             trigger=trigger,
-            prompt_tokens=len(prompt_tokenized.ids),
+            prompt_tokens=prompt_ids.length,
             reusable_tokens=reuse.token,
-            prefill_tokens=len(prompt_tokenized.ids) - reuse.token,
-            decode_tokens=_decode_tokens(prompt, prompt_tokenized, sequence, sequence_tokenized, len(messages))
-            if reply else None,
+            prefill_tokens=prompt_ids.length - reuse.token,
+            decode_tokens=decode,
             block_reusable_tokens=reuse.block,
             hybrid_reusable_tokens=reuse.hybrid,
-            sequence_tokens=len(sequence_tokenized.ids),
-            previous_sequence_tokens=len(cached[-1].ids) if cached else 0,
+            sequence_tokens=sequence_ids.length,
+            previous_sequence_tokens=index.sequences[-1].length if index.sequences else 0,
             matched_request=reuse.matched + 1,
-            prompt_render=prompt,
-            prompt_tokenized=prompt_tokenized,
-            sequence_render=sequence,
-            sequence_tokenized=sequence_tokenized,
+            views=views,
             **edits,
         ))
-        cached.append(CachedSequence(
-            sequence_tokenized.ids,
-            checkpoints_after(len(prompt_tokenized.ids), len(sequence_tokenized.ids), checkpoint_policy),
-        ))
+        index.add(sequence_ids, checkpoints_after(prompt_ids.length, sequence_ids.length, checkpoint_policy))
     return SessionReport(model.id, script.id, template_kwargs, block_size, checkpoint_policy, tuple(rows),
                          history, tuple(rewrites), engine_side.name if engine_side else None,
                          engine_side.version if engine_side else "")
@@ -634,9 +819,9 @@ class _EngineSide:
         return out
 
     def request(self, messages: list[dict], tools: list[dict] | None, number: int,
-                step: int) -> tuple[Rendered, Tokens, Rendered, Tokens, dict[str, tuple[Edit, ...]]]:
-        """Request `number`, started by `steps[step]`: its prompt and, when the next step is a scripted reply, the
-        sequence after the model wrote it, plus the engine's edits."""
+                step: int) -> tuple[Rendered, list[dict], Tokens | None, dict[str, tuple[Edit, ...]]]:
+        """Request `number`, started by `steps[step]`: its prompt, the messages rendered for it, the tokens of the
+        completion the model writes when the next step is a scripted reply (else None), and the engine's edits."""
         sent = self._client_messages(messages)
         request_edits: tuple[Edit, ...] = ()
         if self.emulation is None:
@@ -648,14 +833,14 @@ class _EngineSide:
                                     f"{self.script.id}: {prep.error}")
             to_render, request_edits = prep.messages, prep.edits
         try:
-            prompt, prompt_tokens = self.render(to_render, tools, True)
+            prompt = self.render(to_render, tools, True)
         except RenderError as err:
             # E.g. the engine dropped a tool call the template needs before the tool result that answers it.
             raise ExplorerError(f"request {number} of session {self.script.id}, as sent after {self.origin} parsed "
                                 f"the earlier replies, cannot be rendered: {err}") from None
         reply_step = step + 1
         if reply_step >= len(self.script.steps) or self.script.steps[reply_step]["role"] != "assistant":
-            return prompt, prompt_tokens, prompt, prompt_tokens, {"request_edits": request_edits}
+            return prompt, to_render, None, {"request_edits": request_edits}
         turn = _assistant_turn(self.script, reply_step)
         completion = self.fmt.write(turn, self.stop)
         parsed = self._parse(completion, tools, reply_step)
@@ -667,16 +852,33 @@ class _EngineSide:
         self.sent[reply_step], self.call_ids[reply_step] = client_message(parsed, ids), ids
         # The cache holds the prompt's ids followed by the generated ids: the completion tokenized on its own.
         written = self.model.tokenizer.encode(completion.text)
-        n = len(prompt.text)
-        sequence = Rendered(prompt.text + completion.text,
-                            prompt.message_index + (len(messages),) * len(completion.text),
-                            prompt.source_line + (0,) * len(completion.text), prompt.source_path,
-                            f"{prompt.origin} + output written by engine/formats ({self.model.spec.family})")
-        sequence_tokens = Tokens(prompt_tokens.ids + written.ids,
-                                 prompt_tokens.offsets + tuple((a + n, b + n) for a, b in written.offsets),
-                                 sequence.text)
-        return prompt, prompt_tokens, sequence, sequence_tokens, {"parse_edits": parsed.edits,
-                                                                  "request_edits": request_edits}
+        return prompt, to_render, written, {"parse_edits": parsed.edits, "request_edits": request_edits}
+
+    def views(self, prompt: Rendered, prompt_state: TokenizedText, to_render: list[dict], tools: list[dict] | None,
+              message_count: int, written: Tokens | None) -> RequestViews:
+        """The request's views: the prompt as rendered, and the sequence as prompt + written completion (its
+        characters attributed to the reply's message and no template line)."""
+        tokenizer = self.model.tokenizer
+        prompt_view = _rendered_view(prompt_state.chars, lambda: self.render(to_render, tools, True), self.model,
+                                     prompt.source_path, prompt.origin)
+        prompt_tokens = _retokenized(tokenizer, prompt_state.chars)
+        if written is None:
+            return RequestViews(prompt_view, prompt_tokens, prompt_view, prompt_tokens)
+        origin = f"{prompt.origin} + output written by engine/formats ({self.model.spec.family})"
+
+        def sequence() -> Rendered:
+            head, text = views.prompt_render, written.text
+            return Rendered(head.text + text, source_path=head.source_path, origin=origin,
+                            provenance=lambda: (head.message_index + (message_count,) * len(text),
+                                                head.source_line + (0,) * len(text)))
+
+        def sequence_tokens() -> Tokens:
+            head, n = views.prompt_tokenized, len(views.prompt_render.text)
+            return Tokens(head.ids + written.ids, head.offsets + tuple((a + n, b + n) for a, b in written.offsets),
+                          head.text + written.text)
+
+        views = RequestViews(prompt_view, prompt_tokens, sequence, sequence_tokens)
+        return views
 
     def _parse(self, completion: Completion, tools: list[dict] | None, reply_step: int) -> ParseResult:
         if self.emulation is None:
@@ -800,7 +1002,7 @@ def first_request_prompt(model: LoadedModel, script: SessionScript, system: str,
                          kwargs: dict[str, Any] | None = None) -> list[int]:
     _, render = _session_renderer(model, script, kwargs)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return list(render(messages, script.tools, True)[1].ids)
+    return list(token_ids(model.tokenizer, render(messages, script.tools, True).text))
 
 
 def _require_questions(script: SessionScript) -> None:

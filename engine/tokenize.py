@@ -2,7 +2,8 @@
 
 Strings are always tokenized whole: ids at a boundary can differ from the ids of the two halves, and that
 difference is exactly what a token-level prefix break is made of. `SegmentCachedTokenizer` gives the same ids and
-offsets faster, reusing only pieces that the tokenizer itself tokenizes independently (see its proof below).
+offsets faster, reusing only pieces that the tokenizer itself tokenizes independently (see its proof below), and
+`encode_extending` tokenizes a text that starts like an earlier one at the cost of what is new in it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
+import numpy as np
+
+from engine.prefix import SharedSequence, common_prefix
 from engine.types import Tokens
 
 
@@ -302,6 +306,35 @@ def tiktoken_segment_plan(special_tokens: dict[str, int], max_same_class_run: in
     return SegmentPlan(((pattern, dict(special_tokens)),) if pattern is not None else ())
 
 
+@dataclass(frozen=True)
+class TokenizedText:
+    """One text tokenized whole (`SegmentCachedTokenizer.encode_extending`), kept so that the next text that starts
+    the same way reuses it: the text, its characters and ids as `SharedSequence`s (sharing what they have in common
+    with the text before), and where the first pass found added tokens (start, end, ids up to the end)."""
+
+    text: str
+    chars: SharedSequence
+    ids: SharedSequence
+    match_starts: np.ndarray
+    match_ends: np.ndarray
+    token_ends: np.ndarray
+
+
+_NO_MARKS = np.zeros(0, dtype=np.int64)
+
+
+def _rebased(parent: SharedSequence | None, keep: int, tail: np.ndarray) -> SharedSequence:
+    """`parent[:keep] + tail`, stored with the longest keep: the re-tokenized ids that equal the parent's are
+    shared, not copied (the usual case: the new text extends the old one by whole pieces)."""
+    if parent is not None and keep < parent.length:
+        again = parent.slice(keep, keep + len(tail))
+        same = np.flatnonzero(again != tail[:len(again)])
+        agree = int(same[0]) if same.size else len(again)
+        if keep + agree == parent.length:
+            return SharedSequence(parent, parent.length, tail[agree:])
+    return SharedSequence(parent, keep, tail)
+
+
 class SegmentCachedTokenizer:
     """Whole-string tokenization, answered from pieces: the text between two added tokens is tokenized once and its
     ids reused in every prompt that holds it, where `plan` proves that equals tokenizing the whole string; each
@@ -316,6 +349,8 @@ class SegmentCachedTokenizer:
         self._ids_memo = lru_cache(maxsize=max_strings)(self._ids_uncached)
         self._segment = lru_cache(maxsize=max_segments)(inner.encode)
         self._segment_ids = lru_cache(maxsize=max_segments)(library_ids(inner))
+        # How far past a position the first pass reads to decide whether an added token starts there.
+        self._first_pass_reach = max(map(len, plan.passes[0][1]), default=0) if plan.passes else 0
 
     @property
     def segment_note(self) -> str:
@@ -358,8 +393,13 @@ class SegmentCachedTokenizer:
 
     def pieces(self, text: str) -> list[tuple[int, str, int | None]]:
         """(start, piece, id) in order: an added token with its id, or text between them with None."""
-        out: list[tuple[int, str, int | None]] = [(0, text, None)]
-        for pattern, ids in self.plan.passes:
+        return self._cut(text, 0)[0]
+
+    def _cut(self, text: str, offset: int) -> tuple[list[tuple[int, str, int | None]], list[tuple[int, int]]]:
+        """The pieces of `text` (starts shifted by `offset`), and the (start, end) of the first pass's matches."""
+        out: list[tuple[int, str, int | None]] = [(offset, text, None)]
+        first_pass: list[tuple[int, int]] = []
+        for number, (pattern, ids) in enumerate(self.plan.passes):
             cut: list[tuple[int, str, int | None]] = []
             for start, piece, token in out:
                 if token is not None:
@@ -370,11 +410,51 @@ class SegmentCachedTokenizer:
                     if match.start() > at:
                         cut.append((start + at, piece[at:match.start()], None))
                     cut.append((start + match.start(), match.group(), ids[match.group()]))
+                    if number == 0:
+                        first_pass.append((start + match.start(), start + match.end()))
                     at = match.end()
                 if at < len(piece):
                     cut.append((start + at, piece[at:], None))
             out = cut
-        return out
+        return out, first_pass
+
+    def encode_extending(self, text: str, previous: TokenizedText | None = None) -> TokenizedText:
+        """`encode_ids(text)`, reusing what `previous` (another text tokenized this way) shares with it.
+
+        The first pass finds added tokens leftmost-longest, and deciding whether one starts at position p reads
+        at most the longest added token's length from p. So where the two texts agree before character d, the
+        first pass finds the same matches starting at or before d - longest, and resumes after the last of them
+        at the same place; later passes cut the pieces between, which are identical. Pieces before that match's
+        end keep their ids (each piece's ids depend on the piece alone: `plan`), the rest is cut and tokenized
+        afresh. The result is the same ids as tokenizing `text` whole (tests/test_tokenize_segments.py).
+        """
+        if not self.plan.proven or not self.plan.passes:
+            return _tokenized_whole(self.inner, text, previous)
+        shared = common_prefix(previous.text, text) if previous is not None else 0
+        chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
+        kept = 0
+        if previous is not None:
+            kept = int(np.searchsorted(previous.match_starts, shared - self._first_pass_reach, side="right"))
+        keep_chars = int(previous.match_ends[kept - 1]) if kept else 0
+        keep_tokens = int(previous.token_ends[kept - 1]) if kept else 0
+        pieces, first_pass = self._cut(text[keep_chars:], keep_chars)
+        tail: list[int] = []
+        token_end: dict[int, int] = {}  # end of a first-pass match -> ids before it
+        for start, piece, token in pieces:
+            if token is None:
+                tail.extend(self._segment_ids(piece))
+            else:
+                tail.append(token)
+                token_end[start + len(piece)] = keep_tokens + len(tail)
+        ids = _rebased(previous.ids if kept else None, keep_tokens, np.asarray(tail, dtype=np.int32))
+        starts = np.fromiter((s for s, _ in first_pass), dtype=np.int64, count=len(first_pass))
+        ends = np.fromiter((e for _, e in first_pass), dtype=np.int64, count=len(first_pass))
+        tokens = np.fromiter((token_end[e] for _, e in first_pass), dtype=np.int64, count=len(first_pass))
+        if kept:
+            starts = np.concatenate((previous.match_starts[:kept], starts))
+            ends = np.concatenate((previous.match_ends[:kept], ends))
+            tokens = np.concatenate((previous.token_ends[:kept], tokens))
+        return TokenizedText(text, chars, ids, starts, ends, tokens)
 
     def _ids_uncached(self, text: str) -> tuple[int, ...]:
         if not self.plan.proven:
@@ -428,6 +508,21 @@ def library_ids(inner: Tokenizer) -> Callable[[str], tuple[int, ...]]:
             getattr(inner, "_max_same_class_run", None) is None:
         return lambda text: tuple(backend.encode_ordinary(text))
     return lambda text: inner.encode(text).ids
+
+
+def tokenize_extending(tokenizer: Tokenizer, text: str, previous: TokenizedText | None = None) -> TokenizedText:
+    """`text` tokenized whole, reusing what it shares with `previous` where the tokenizer proves that equal
+    (`SegmentCachedTokenizer.encode_extending`); any other tokenizer tokenizes the whole text."""
+    extending = getattr(tokenizer, "encode_extending", None)
+    return extending(text, previous) if extending is not None else _tokenized_whole(tokenizer, text, previous)
+
+
+def _tokenized_whole(tokenizer: Tokenizer, text: str, previous: TokenizedText | None) -> TokenizedText:
+    """`text` tokenized whole by `tokenizer`, nothing reused but the characters it shares with `previous`."""
+    shared = common_prefix(previous.text, text) if previous is not None else 0
+    chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
+    ids = SharedSequence(None, 0, np.asarray(tokenizer.encode(text).ids, dtype=np.int32))
+    return TokenizedText(text, chars, ids, _NO_MARKS, _NO_MARKS, _NO_MARKS)
 
 
 def token_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench import growth_exponent, long_session_script
 from engine.cli import main
 from engine.fuzz import FuzzOutcome, random_scenario, run_fuzz, summarize, wilson
 from engine.models import default_model_ids, load_model, load_spec
 from engine.scenario import scenario_ids
+from engine.session import session_from_json, simulate_session
 from engine.simulate import run_cell_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +120,8 @@ def test_bad_input_is_one_sentence(argv: list[str], message: str, capsys) -> Non
 def test_bench_json_contract() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "engine", "bench", "--models", "qwen3.5", "--scenarios", "tool-call,no-tools-next-user",
-         "--repeat", "1", "--json", "-"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--json", "-"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     for key in ("cold_start_s", "matrix_s", "cell_median_ms", "floor_s", "ratio_to_floor", "naive_s",
@@ -135,6 +138,37 @@ def test_bench_json_contract() -> None:
     stats = data["cache_stats"]["qwen3.5"]
     assert stats["string_misses"] == data["distinct_strings"] and stats["string_hits"] > 0
     assert stats["segment_hits"] > stats["segment_misses"]
+    # Long sessions: one point per (model, calls), each from a fresh process, and the growth exponents.
+    sessions = data["long_session"]
+    assert (sessions["models"], sessions["calls"]) == (["qwen3.5"], [2, 4, 8])
+    assert [(p["model"], p["calls"], p["requests"]) for p in sessions["points"]] == [
+        ("qwen3.5", 2, 3), ("qwen3.5", 4, 5), ("qwen3.5", 8, 9)]
+    script = session_from_json(long_session_script(8), "bench")
+    assert sessions["points"][-1]["last_prompt_tokens"] == \
+        simulate_session(load_model("qwen3.5"), script).rows[-1].prompt_tokens
+    for point in sessions["points"]:
+        assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "new_characters",
+                              "new_tokens", "wall_s", "render_s", "floor_s", "ratio_to_floor",
+                              "ratio_to_render_and_floor", "simulator_s", "simulator_ratio_to_floor", "peak_rss_mb",
+                              "rss_after_loading_mb", "rss_with_report_mb"}
+        assert point["new_tokens"] < point["prompt_tokens"]  # the floor tokenizes what is new, not every prompt
+        assert all(isinstance(point[k], float) and point[k] > 0 for k in ("wall_s", "floor_s", "simulator_s",
+                                                                           "peak_rss_mb"))
+    assert set(sessions["growth_exponent"]["qwen3.5"]) == {"wall", "render", "wall_without_render", "simulator",
+                                                           "session_rss"}
+    assert isinstance(sessions["growth_exponent"]["qwen3.5"]["wall"], float)
+
+
+def test_bench_long_session_calls_are_checked(capsys) -> None:
+    assert main(["bench", "--long-session-calls", "50,x"]) == 2
+    assert capsys.readouterr().err == \
+        "error: bench: --long-session-calls must be positive whole numbers or none, got '50,x'\n"
+
+
+def test_growth_exponent() -> None:
+    assert growth_exponent([(50, 1.0), (200, 4.0), (1000, 20.0)]) == 1.0
+    assert growth_exponent([(50, 1.0), (200, 16.0)]) == 2.0
+    assert growth_exponent([(50, 1.0)]) is None
 
 
 def test_app_bench_json_contract(tmp_path) -> None:

@@ -154,3 +154,34 @@ def test_remembered_sandbox_verdicts_match_transformers(source: str) -> None:
         ours = renderer.render(messages, None, add_generation_prompt=False)
         assert ours.text == theirs
         assert len(ours.source_line) == len(theirs)
+
+
+def test_messages_converted_once_equal_transformers_conversion() -> None:
+    # JinjaRenderer converts each distinct message once (the same earlier messages come with every request of a
+    # session); the template must see exactly what transformers' own conversion of the whole list gives.
+    from transformers.utils import chat_template_utils as ctu
+
+    renderer = load_model("qwen3.6").renderer.inner
+    renderer.cache_clear()
+    tool_call = {"type": "function", "function": {"name": "f", "arguments": {"a": (1, 2), "b": 1.0, "c": True}}}
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q", "name": None},
+        {"role": "assistant", "content": "", "reasoning": "r", "tool_calls": [tool_call]},
+        {"role": "tool", "content": "1"},
+        {"role": "tool", "content": "1"},  # equal to the one before: still its own object
+        {"role": "assistant", "content": None, "thinking": "t", "tool_calls": [{**tool_call, "id": 1}]},
+        {"role": "user", "content": [{"type": "text", "text": "x"}]},
+    ]
+    expected = ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
+    for _ in range(2):  # converted, then from the memo
+        chat, _ = renderer.template_context(messages, None, True, {})
+        assert chat == expected
+        assert [type(m) for m in chat] == [dict] * len(messages)
+        assert len({id(m) for m in chat}) == len(messages)
+    assert chat[2]["tool_calls"][0]["function"]["arguments"]["a"] == (1, 2)  # a tuple stays a tuple
+    assert len(renderer._message_memo) == 6
+    # 1, 1.0 and True are different messages to a template (`is integer`, tojson): keyed apart.
+    for value in (1, 1.0, True):
+        chat, _ = renderer.template_context([{"role": "user", "content": value}], None, True, {})
+        assert type(chat[0]["content"]) is type(value)

@@ -6,13 +6,19 @@ ids and nothing else), so every figure below can be checked with pencil and pape
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
 from engine.errors import ExplorerError
 from engine.models import load_model
+from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
 from engine.session import (
+    CHECKPOINT_POLICIES,
     CachedSequence,
     Reuse,
+    ReuseIndex,
     block_reusable,
     checkpoints_after,
     load_session,
@@ -125,3 +131,88 @@ def test_handbook_session_hybrid_policies() -> None:
     assert none.total_hybrid_prefill_tokens == 3001
     with pytest.raises(ExplorerError, match="block size must be at least 1, got 0"):
         simulate_session(model, script, block_size=0)
+
+
+# The incremental index the simulator uses gives `reuse_of`'s figures, on the hand-worked example and on random
+# sessions whose prompts extend, rewrite, cut and repeat earlier sequences (ties between sequences included).
+
+
+def _shared(ids: tuple[int, ...], parent: SharedSequence | None = None, keep: int = 0) -> SharedSequence:
+    return SharedSequence(parent, keep, np.asarray(ids[keep:] if parent is not None else ids, dtype=np.int32))
+
+
+def _index_figures(requests: list[tuple[tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]]],
+                   block_size: int) -> tuple[list[Reuse], list[Reuse], list[Reuse]]:
+    """(prompt, sequence, checkpoints) per request -> reuse_of's figures for each prompt, and ReuseIndex's fed
+    shared sequences as the session stores them, and fed the plain tuples."""
+    index, plain_index, cached, expected, got, got_plain = ReuseIndex(block_size), ReuseIndex(block_size), [], [], \
+        [], []
+    previous: SharedSequence | None = None
+    for prompt, sequence, checkpoints in requests:
+        if prompt is None:  # a sequence cached with no prompt measured before it
+            index.add(sequence, checkpoints)
+            plain_index.add(sequence, checkpoints)
+            cached.append(CachedSequence(sequence, checkpoints))
+            continue
+        expected.append(reuse_of(prompt, cached, block_size))
+        # Store each the way the session does: sharing its start with the sequence before where they agree.
+        agree = common_prefix(prompt, previous.materialize()) if previous is not None else 0
+        prompt_ids = _shared(prompt, previous, agree)
+        sequence_ids = _shared(sequence, prompt_ids, common_prefix(sequence, prompt))
+        got.append(index.reuse(prompt_ids))
+        index.add(sequence_ids, checkpoints)
+        got_plain.append(plain_index.reuse(prompt))
+        plain_index.add(sequence, checkpoints)
+        cached.append(CachedSequence(sequence, checkpoints))
+        previous = sequence_ids
+    return expected, got, got_plain
+
+
+def test_reuse_index_hand_worked_example() -> None:
+    requests = [(tuple(range(37)), S1, CACHE1.checkpoints), (P2, S2, CACHE2.checkpoints),
+                (P3, S3, CACHE3.checkpoints), (P4, P4, ())]
+    for block_size in (1, 4, 16):
+        expected, got, got_plain = _index_figures(requests, block_size)
+        assert got == expected == got_plain
+    assert [r.token for r in got] == [0, 50, 45, 60]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reuse_index_equals_reuse_of_on_random_sessions(seed: int) -> None:
+    rng = random.Random(seed)
+    alphabet = rng.choice([2, 3, 50])  # few symbols: many equal prefixes, many ties
+    sequences: list[tuple[int, ...]] = []
+    requests = []
+    for _ in range(rng.randint(1, 25)):
+        base = rng.choice(sequences) if sequences and rng.random() < 0.8 else ()
+        cut = rng.randint(0, len(base))
+        prompt = base[:cut] + tuple(rng.randrange(alphabet) for _ in range(rng.randint(0, 300)))
+        sequence = prompt[:rng.randint(len(prompt) - 3, len(prompt))] if prompt and rng.random() < 0.2 else prompt
+        sequence = sequence + tuple(rng.randrange(alphabet) for _ in range(rng.randint(0, 40)))
+        policy = rng.choice(CHECKPOINT_POLICIES)
+        requests.append((prompt, sequence, checkpoints_after(len(prompt), len(sequence), policy)))
+        sequences.append(sequence)
+    if rng.random() < 0.3 and sequences:
+        requests.insert(rng.randrange(len(requests) + 1), (None, rng.choice(sequences)[:rng.randint(0, 30)], ()))
+    expected, got, got_plain = _index_figures(requests, rng.choice([1, 2, 16]))
+    assert got == expected == got_plain
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shared_sequences_slice_and_compare_like_tuples(seed: int) -> None:
+    rng = random.Random(seed)
+    plain: list[tuple[int, ...]] = [tuple(rng.randrange(3) for _ in range(rng.randint(0, 50)))]
+    shared = [_shared(plain[0])]
+    for _ in range(60):  # a chain deeper than its items, each keeping part of a random earlier one
+        j = rng.randrange(len(plain))
+        keep = rng.randint(0, len(plain[j]))
+        tail = tuple(rng.randrange(3) for _ in range(rng.randint(0, 20)))
+        plain.append(plain[j][:keep] + tail)
+        shared.append(SharedSequence(shared[j], keep, np.asarray(tail, dtype=np.int32)))
+    for x, y in ((rng.randrange(len(plain)), rng.randrange(len(plain))) for _ in range(200)):
+        start, stop = sorted((rng.randint(0, 90), rng.randint(0, 90)))
+        assert tuple(shared[x].slice(start, stop).tolist()) == plain[x][start:stop]
+        assert shared[x].materialize() == plain[x] and len(shared[x]) == len(plain[x])
+        assert shared_common_prefix(shared[x], shared[y]) == common_prefix(plain[x], plain[y])
+        text_x, text_y = "".join(map(str, plain[x])), "".join(map(str, plain[y]))
+        assert common_prefix(text_x, text_y) == common_prefix(plain[x], plain[y])

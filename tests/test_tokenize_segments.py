@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 from functools import cache
 
@@ -120,6 +121,50 @@ def test_adversarial_strings_tokenize_as_whole(model_id: str) -> None:
     assert_same(model_id, adversarial(model_id))
 
 
+def extending_chain(model_id: str) -> list[str]:
+    """Texts each made from the one before, as a session's prompts are, and edited where it is hard: an added
+    token completed, cut or glued across the point where the two texts stop agreeing, history rewritten early."""
+    rng = random.Random(19)
+    texts = rendered_conversations(model_id)[:6] + matrix_strings()[model_id][:30]
+    added = [t for t in adversarial(model_id) if t][:200]
+    chain, text = [], ""
+    for _ in range(240):
+        token = rng.choice(added)
+        cut = rng.randrange(len(text) + 1)
+        text = rng.choice([
+            text + rng.choice(texts),  # a whole next request appended
+            text + token,
+            text[:cut] + token + text[cut:],  # rewritten somewhere before the end
+            text[:cut],
+            text[:-1] if text else token,  # the last character of an added token dropped ...
+            text + token[len(token) // 2:],  # ... or its second half glued on
+            text + token[:-1], text + token[-1:],
+        ])
+        chain.append(text)
+    return chain
+
+
+@pytest.mark.parametrize("model_id", TOKENIZED)
+def test_extending_tokenization_is_whole_string_tokenization(model_id: str) -> None:
+    # Each text tokenized against the one before (sometimes against none, or an older one), as a session does.
+    wrapper = fresh(model_id)
+    chain = extending_chain(model_id)
+    states: list = []
+    mismatches = []
+    for n, text in enumerate(chain):
+        if not states or n % 14 == 0:
+            previous = None
+        else:
+            previous = states[n // 2] if n % 7 == 0 else states[-1]
+        state = wrapper.encode_extending(text, previous)
+        if state.ids.materialize() != wrapper.inner.encode(text).ids or state.chars.materialize() != text:
+            mismatches.append(n)
+        states.append(state)
+    assert mismatches == []
+    # What the texts share is shared, not copied: the chain's ids hold fewer tokens than the texts do.
+    assert sum(len(s.ids.tail) for s in states) < sum(s.ids.length for s in states) / 2
+
+
 def test_every_default_tokenizer_is_proven_and_kimi_would_not_be() -> None:
     assert {m: fresh(m).plan.proven for m in TOKENIZED} == {m: True for m in TOKENIZED}
     assert set(TOKENIZED) == {"qwen3.6", "qwen3.5", "glm-5.1", "deepseek-v4", "gpt-oss"}
@@ -194,3 +239,8 @@ def test_lstrip_token_breaks_naive_splitting_and_the_wrapper_falls_back() -> Non
     assert wrapper.segment_note.endswith("whole strings only, because added token '<｜end▁of▁sentence｜>' has "
                                          "lstrip=true, so its match depends on the text around it")
     assert wrapper.encode(text).ids == whole.ids and wrapper.encode(text).offsets == whole.offsets
+    # Extending a text tokenizes it whole there too; only the characters are shared.
+    before = wrapper.encode_extending("Hello")
+    after = wrapper.encode_extending(text, before)
+    assert after.ids.materialize() == whole.ids and after.chars.materialize() == text
+    assert (after.chars.keep, after.ids.keep) == (len("Hello"), 0)

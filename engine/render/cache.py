@@ -73,6 +73,9 @@ class CachedRenderer:
         with self._lock:
             self._memo.clear()
             self.hits = self.misses = 0
+        inner_clear = getattr(self.inner, "cache_clear", None)
+        if inner_clear is not None:
+            inner_clear()  # e.g. a Jinja renderer's converted messages
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:

@@ -150,6 +150,7 @@ class JinjaRenderer:
         _remember_sandbox_verdicts(overlay)
         overlay.code_generator_class = _ProvenanceCodeGenerator
         self._recorder = _Recorder()
+        self._message_memo: dict[bytes, dict] = {}  # _template_messages: message pickle -> template's message
         overlay.drift_record = self._record  # type: ignore[attr-defined]
         self._template = overlay.from_string(source)
         self._instrumented_template: InstrumentedTemplate | None = None
@@ -239,13 +240,45 @@ class JinjaRenderer:
                          kwargs: dict | None) -> tuple[list[dict], dict]:
         """The messages and variables exactly as transformers hands them to the template."""
         ctu = _transformers_pieces()
-        chat = ctu._normalize_chat_messages(messages)
-        chat = ctu._alias_reasoning_fields(ctu._plain_template_data(chat))
+        chat = self._template_messages(messages)
         variables = {**self._special_tokens, **ctu._plain_template_data(dict(kwargs or {}))}
         variables.update(
             tools=ctu._plain_template_data(tools), documents=None, add_generation_prompt=add_generation_prompt
         )
         return chat, variables
+
+    def cache_clear(self) -> None:
+        """Forget the converted messages (`_template_messages`), for a measurement that starts cold."""
+        self._message_memo.clear()
+
+    def _template_messages(self, messages: list[dict]) -> list[dict]:
+        """transformers' `_normalize_chat_messages`, `_plain_template_data` and `_alias_reasoning_fields` on the
+        messages, each message converted once: the three act on each message alone, and a session of N requests
+        hands the same earlier messages over N times (a third to half of rendering a long history otherwise).
+
+        Keyed by the message's pickle (`request_key`: equal only for messages that render alike), each position
+        gets its own top-level copy (the recording render tells messages apart by identity); the sandbox is
+        immutable, so the nested values can be shared. Anything but a list of dicts takes transformers' path.
+        """
+        ctu = _transformers_pieces()
+        if not isinstance(messages, list) or not all(type(m) is dict for m in messages):
+            return ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
+        from engine.render.cache import request_key
+
+        memo = self._message_memo
+        if len(memo) > 16384:
+            memo.clear()
+        chat = []
+        for message in messages:
+            key = request_key([message], None, False, None)
+            converted = memo.get(key) if isinstance(key, bytes) else None
+            if converted is None:
+                converted = ctu._alias_reasoning_fields(ctu._plain_template_data(
+                    ctu._normalize_chat_messages([message])))[0]
+                if isinstance(key, bytes):
+                    memo[key] = converted
+            chat.append(dict(converted))
+        return chat
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:
