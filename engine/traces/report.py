@@ -1,0 +1,130 @@
+"""A whole trace analysed: read, grouped into sessions, the ground truth of every step, and why each break."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ExplorerError
+from engine.models import LoadedModel
+from engine.traces.readers import detect_format, read_trace
+from engine.traces.records import TraceRequest
+from engine.traces.truth import SessionTruth, group_sessions, ids_of, session_truth
+from engine.traces.why import Replay, explain_step
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    source: str
+    format: str
+    model: str | None
+    engine: str | None
+    block_size: int
+    sessions: tuple[SessionTruth, ...]
+    replays: dict[tuple[int, int], Replay] = field(default_factory=dict)  # (session, request) 1-based
+
+    @property
+    def requests(self) -> int:
+        return sum(len(s.steps) for s in self.sessions)
+
+    def to_json(self) -> dict[str, Any]:
+        sessions = []
+        for s_no, session in enumerate(self.sessions, start=1):
+            requests = []
+            for step in session.steps:
+                row = step.row
+                data: dict[str, Any] = {
+                    "index": row.index, "request_id": step.request.request_id, "where": step.request.where,
+                    "prompt_tokens": row.prompt_tokens, "completion_tokens": row.decode_tokens,
+                    "reused_tokens": row.reusable_tokens, "prefill_tokens": row.prefill_tokens,
+                    "block_reused_tokens": row.block_reusable_tokens, "block_prefill_tokens": row.block_prefill_tokens,
+                    "hybrid_reused_tokens": row.hybrid_reusable_tokens,
+                    "hybrid_prefill_tokens": row.hybrid_prefill_tokens,
+                    "previous_sequence_tokens": row.previous_sequence_tokens,
+                    "common_with_previous": step.common_with_previous, "matched_request": row.matched_request,
+                    "server_cached_tokens": step.request.cached_tokens, "breaks": step.breaks,
+                }
+                if step.first_break is not None:
+                    data["first_break"] = step.first_break.to_json()
+                    replay = self.replays.get((s_no, row.index))
+                    data["replay"] = replay.to_json() if replay else None
+                    data["cause"] = replay.cause.to_json() if replay and replay.cause else None
+                requests.append(data)
+            sessions.append({
+                "session": s_no, "key": session.key, "ids": session.ids_source, "requests": requests,
+                "totals": {"prompt_tokens": session.prompt_tokens, "reused_tokens": session.reused_tokens,
+                           "prefill_tokens": session.prompt_tokens - session.reused_tokens,
+                           "lost_tokens": session.lost_tokens, "breaks": session.breaks},
+            })
+        return {"source": self.source, "format": self.format, "model": self.model, "engine": self.engine,
+                "block_size": self.block_size, "sessions": sessions}
+
+
+def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: str | None = None,
+                  trace_format: str | None = None, block_size: int = 16,
+                  checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
+                  hints: bool = True, name: str | None = None) -> TraceReport:
+    """Read `path`, group its requests, and compute every step; with `engine` and a model, replay each break."""
+    label = name or Path(path).name
+    requests = read_trace(path, trace_format, name=label)
+    chosen = trace_format
+    ids: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    kept: list[TraceRequest] = []
+    sources: set[str] = set()
+
+    def with_ids():
+        for request in requests:
+            prompt, completion, source = ids_of(model, request, engine)
+            sources.add(source)
+            ids[id(request)] = (prompt, completion)
+            kept.append(request)
+            yield request, prompt, completion
+
+    sessions = group_sessions(with_ids())
+    if not kept:
+        raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
+    chosen = chosen or kept[0].format
+    source = "logged" if sources == {"logged"} else "rendered" if sources == {"rendered"} else "mixed"
+    truths = tuple(session_truth(model, s, ids, source, block_size=block_size, checkpoint_policy=checkpoint_policy)
+                   for s in sessions)
+    replays: dict[tuple[int, int], Replay] = {}
+    if explain and model is not None and engine is not None:
+        for s_no, truth in enumerate(truths, start=1):
+            for previous, step in zip(truth.steps, truth.steps[1:]):
+                if step.breaks:
+                    replays[(s_no, step.row.index)] = explain_step(
+                        model, engine, previous.request, step.request, previous.completion_ids, previous.prompt_ids,
+                        step.prompt_ids, previous.row.index, hints=hints)
+    return TraceReport(label, chosen, model.id if model else None, engine, block_size, truths, replays)
+
+
+def sniff_format(path: str | Path, name: str | None = None) -> str:
+    with open(path, "rb") as raw:
+        head = raw.read(1 << 20).decode("utf-8", errors="replace")
+    return detect_format(name or Path(path).name, head)
+
+
+def report_text(report: TraceReport) -> str:
+    """For people: one line per session, one per request that breaks, with its cause."""
+    lines = [f"{report.source}: {report.format}, {len(report.sessions)} session(s), {report.requests} requests"
+             + (f", model {report.model}" if report.model else "") + (f", replayed through {report.engine}"
+                                                                      if report.engine else "")]
+    for s_no, session in enumerate(report.sessions, start=1):
+        lines.append(f"session {s_no} ({session.key}, ids {session.ids_source}): {len(session.steps)} requests, "
+                     f"{session.prompt_tokens} prompt tokens, {session.reused_tokens} reused, "
+                     f"{session.breaks} break(s), {session.lost_tokens} tokens of cache lost")
+        for step in session.steps:
+            if not step.breaks or step.first_break is None:
+                continue
+            b = step.first_break
+            line = (f"  request {step.row.index} ({step.request.where}): reuses {step.row.reusable_tokens} of "
+                    f"{step.row.previous_sequence_tokens}, prefills {step.row.prefill_tokens}; first differing token "
+                    f"{b.token}: {b.previous_token_text!r} -> {b.next_token_text!r}")
+            replay = report.replays.get((s_no, step.row.index))
+            if replay is not None:
+                line += f"\n    {replay.detail}"
+                if replay.cause is not None:
+                    line += f"\n    {replay.cause.detail}"
+            lines.append(line)
+    return "\n".join(lines)
