@@ -63,7 +63,7 @@ def _json_line(name: str, line_no: int, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise _fail(name, f"line {line_no}", f"not valid JSON ({err.msg} at column {err.colno})") from None
+        raise _fail(name, f"line {line_no}", f"not valid JSON ({err.msg}, column {err.colno})") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def _read_vllm(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
             try:
                 body = json.loads(match["body"])
             except json.JSONDecodeError as err:
-                raise _fail(name, where, f"the JSON body of request {match['id']} is not valid JSON ({err.msg} at "
+                raise _fail(name, where, f"the JSON body of request {match['id']} is not valid JSON ({err.msg}, "
                             f"column {err.colno}); was it cut by --max-log-len?") from None
             bodies[match["id"]] = body if isinstance(body, dict) else {}
             continue
@@ -186,6 +186,7 @@ def _detect_sglang(first: str, _: Any) -> bool:
 
 def _read_sglang(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
     openai_bodies: dict[str, dict] = {}  # the OpenAI request as received, by the rid the client gave
+    received: dict[str, int] = {}  # rid -> the line its request.received record is on
     seen = False
     for line_no, line in enumerate(lines, 1):
         match = _SGLANG_LINE.match(line)
@@ -205,6 +206,8 @@ def _read_sglang(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
                 openai_bodies[obj["rid"]] = obj
             continue
         if event == "request.received":
+            if isinstance(record.get("rid"), str):
+                received[record["rid"]] = line_no
             continue
         rid = record.get("rid")
         out = record.get("out")
@@ -218,7 +221,7 @@ def _read_sglang(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
         body = openai_bodies.pop(rid, {})
         finish = meta.get("finish_reason")
         yield TraceRequest(
-            format="sglang-log", request_id=rid, where=where, order=line_no,
+            format="sglang-log", request_id=rid, where=where, order=received.pop(rid, line_no),
             session=next((obj[k] for k in ("session_id", "conversation_id") if isinstance(obj.get(k), str)), None),
             prompt_ids=prompt_ids, completion_ids=completion_ids,
             prompt_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
@@ -464,7 +467,7 @@ def _whole_json(name: str, lines: Iterable[str]) -> dict:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:
-        raise _fail(name, f"line {err.lineno}", f"not valid JSON ({err.msg} at column {err.colno})") from None
+        raise _fail(name, f"line {err.lineno}", f"not valid JSON ({err.msg}, column {err.colno})") from None
     if not isinstance(document, dict):
         raise _fail(name, "line 1", "the trajectory is not a JSON object")
     return document

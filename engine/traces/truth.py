@@ -81,7 +81,11 @@ def group_sessions(requests: Iterable[tuple[TraceRequest, tuple[int, ...], tuple
                 deepest[h] = key
     for session in sessions.values():
         session.requests.sort(key=lambda r: r.order)  # a log records outputs as they finish, not as requests came
-    return sorted(sessions.values(), key=lambda s: s.requests[0].order)
+    ordered = sorted(sessions.values(), key=lambda s: s.requests[0].order)
+    for n, session in enumerate(ordered, start=1):
+        if session.key.startswith("prefix-"):
+            session.key = f"prefix-{n}"  # numbered in the order of their first request
+    return ordered
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ assistant message the client sent differs from what the engine returned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from engine.blame import _classify_template, _edit_at_break
@@ -144,6 +144,8 @@ def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, curren
         detail = (f"the replay through {served.spec} does not give the real prompt: they part at token {token} "
                   f"(char {char})")
         cause = None
+        if not previous.tools:
+            detail += f"; {current.format} records no tool list, so the replay renders the prompts without tools"
         if diffs:
             detail += "; the client sent the assistant turn with " + "; ".join(diffs)
             cause = Cause(stage="client", kind="client-message-differs", location=f"{current.format}:"
@@ -219,7 +221,3 @@ def _attribute(model: LoadedModel, served: Served, previous: TraceRequest, curre
                  origin=rendered.origin, detail=f"at char {at}: previous {b.prev_text[at:at + 24]!r} vs next "
                  f"{rendered.text[at:at + 24]!r}; emitted by: {line_text[:120]}", fix=hint("template"),
                  line_text=line_text)
-
-
-def with_kwargs(request: TraceRequest, kwargs: dict[str, Any]) -> TraceRequest:
-    return replace(request, chat_template_kwargs={**(request.chat_template_kwargs or {}), **kwargs})

@@ -414,11 +414,47 @@ def write_samples(out: Path) -> None:
     (out / "swe-agent.traj").write_text(json.dumps(swe_document(chosen), indent=2) + "\n", encoding="utf-8")
 
 
+def write_malformed(out: Path) -> None:
+    """One broken file per format, each with one realistic fault, cut from the samples above."""
+    bad = out / "malformed"
+    bad.mkdir(exist_ok=True)
+    vllm = (out / "vllm-0.33.0.log").read_text(encoding="utf-8").splitlines()
+    body = next(i for i, line in enumerate(vllm) if " JSON body: " in line)
+    vllm[body] = vllm[body][:400]  # --max-log-len cut the body
+    (bad / "vllm.log").write_text("\n".join(vllm[:body + 3]) + "\n", encoding="utf-8")
+    sglang = (out / "sglang-0.5.23.log").read_text(encoding="utf-8").splitlines()
+    finished = next(i for i, line in enumerate(sglang) if '"event": "request.finished"' in line)
+    head, record = sglang[finished].split("] ", 1)
+    data = json.loads(record)
+    ids = data["obj"]["input_ids"]
+    data["obj"]["input_ids"] = ids[:4] + ["..."] + ids[-4:]  # what --log-requests-level 2 keeps of a long list
+    sglang[finished] = f"{head}] {json.dumps(data, ensure_ascii=False)}"
+    (bad / "sglang.log").write_text("\n".join(sglang[:finished + 1]) + "\n", encoding="utf-8")
+    rollout = json.loads((out / "verifiers-results.jsonl").read_text(encoding="utf-8").splitlines()[1])
+    rollout["trajectory"][1]["tokens"]["prompt_ids"] = "see prompt"
+    (bad / "verifiers.jsonl").write_text(json.dumps(rollout) + "\n", encoding="utf-8")
+    atif = json.loads((out / "atif.json").read_text(encoding="utf-8"))
+    atif["steps"][3]["step_id"] = 7
+    (bad / "atif.json").write_text(json.dumps(atif, indent=2) + "\n", encoding="utf-8")
+    openai_lines = (out / "openai.jsonl").read_text(encoding="utf-8").splitlines()
+    record = json.loads(openai_lines[2])
+    record["response"]["choices"] = []
+    (bad / "openai.jsonl").write_text("\n".join([openai_lines[0], openai_lines[1], json.dumps(record)]) + "\n",
+                                      encoding="utf-8")
+    mini = json.loads((out / "mini-swe-agent.traj.json").read_text(encoding="utf-8"))
+    del mini["messages"][2]["role"]
+    (bad / "mini-swe-agent.traj.json").write_text(json.dumps(mini, indent=2) + "\n", encoding="utf-8")
+    swe = json.loads((out / "swe-agent.traj").read_text(encoding="utf-8"))
+    swe["history"][1]["role"] = "observer"
+    (bad / "swe-agent.traj").write_text(json.dumps(swe, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     write_samples(args.out)
+    write_malformed(args.out)
 
 
 if __name__ == "__main__":

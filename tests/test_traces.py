@@ -1,0 +1,194 @@
+"""Your own traffic: every sample format loads, its sessions and per-step figures are exact, every break is replayed
+and attributed, and a malformed file of each format gets its one sentence.
+
+The samples in samples/traces/ are our simulator's sessions (Qwen3.5, real template and tokenizer) written as the
+engines and packages write them (samples/traces/generate.py). Each session is one scenario: tool-call holds;
+next-user-turn loses the reasoning at the next user turn (template line 114); args-serialization has vLLM's / SGLang's
+parameter trim; client-drops-reasoning is a client our replay does not model; noncanonical-tokens is a sampled
+tokenization the prompt does not give back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.traces.readers import detect_format, read_trace
+from engine.traces.records import TraceFormatError
+from engine.traces.report import analyse_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples" / "traces"
+
+# (prompt, reused, prefill, block-16 reused, hybrid reused, first differing token) per request
+HOLDS = [(1015, 0, 1015, 0, 0, None), (1081, 1059, 22, 1056, 1059, None)]
+REASONING_DROPPED = [(1015, 0, 1015, 0, 0, None), (1074, 1052, 22, 1040, 1052, None), (1085, 1013, 72, 1008, 0, 1013)]
+PARSER_VLLM = [(1067, 0, 1067, 0, 0, None), (1225, 1118, 107, 1104, 1067, 1118)]
+PARSER_SGLANG = [(1067, 0, 1067, 0, 0, None), (1227, 1118, 109, 1104, 1067, 1118)]
+CLIENT = [(1015, 0, 1015, 0, 0, None), (1065, 1014, 51, 1008, 0, 1014)]
+TOKENIZER = [(1011, 0, 1011, 0, 0, None), (1063, 1011, 52, 1008, 1011, 1011)]
+
+TEMPLATE_CAUSE = ("template", "reasoning-dropped", "Qwen-Qwen3.5-0.8B.jinja:114")
+TOKENIZER_CAUSE = ("tokenizer", "token-boundary", "tokenizer.json:0")
+VLLM_PARSER_CAUSE = ("parser", "param_trim_newline", "vllm/parser/qwen3.py:61-67")
+SGLANG_PARSER_CAUSE = ("parser", "param_trim_newline", "sglang/srt/function_call/qwen3_coder_detector.py:215-219")
+
+
+def figures(report) -> list[list[tuple]]:
+    return [[(s.row.prompt_tokens, s.row.reusable_tokens, s.row.prefill_tokens, s.row.block_reusable_tokens,
+              s.row.hybrid_reusable_tokens, s.first_break.token if s.first_break else None) for s in session.steps]
+            for session in report.sessions]
+
+
+def causes(report) -> dict[int, tuple | None]:
+    """Per session (1-based): the breaking request's cause as (stage, kind, location), None when not reproduced."""
+    out = {}
+    for (session, _), replay in sorted(report.replays.items()):
+        out[session] = (replay.cause.stage, replay.cause.kind, replay.cause.location) \
+            if replay.reproduced and replay.cause else None
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35_model():
+    from engine.models import load_model
+
+    return load_model("qwen3.5")
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("vllm-0.33.0.log", "vllm-log"), ("sglang-0.5.23.log", "sglang-log"), ("verifiers-results.jsonl", "verifiers"),
+    ("atif.json", "atif"), ("openai.jsonl", "openai-jsonl"), ("mini-swe-agent.traj.json", "mini-swe-agent"),
+    ("swe-agent.traj", "swe-agent"),
+])
+def test_each_sample_is_detected(name: str, expected: str) -> None:
+    head = (SAMPLES / name).read_text(encoding="utf-8")[:1 << 20]
+    assert detect_format(name, head) == expected
+
+
+def test_vllm_log_interleaved_sessions_by_prefix(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "vllm-0.33.0.log", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.format == "vllm-log"
+    assert [s.key for s in report.sessions] == [f"prefix-{n}" for n in range(1, 6)]
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: None, 5: TOKENIZER_CAUSE}
+    client = report.replays[(4, 2)]
+    assert client.detail == ("the replay through vllm@0.33.0 does not give the real prompt: they part at token 1014 "
+                             "(char 4430); the client sent the assistant turn with reasoning_content 'None' where the "
+                             "engine returned \"The user wants today's weather in Paris. I should call get_w\"")
+    assert client.cause is not None and client.cause.stage == "client"
+    # The messages come from the JSON body records, matched to their request by id.
+    first = report.sessions[0].steps[0].request
+    assert first.request_id.startswith("chatcmpl-") and first.messages[1]["content"].startswith("Ticket #1:")
+
+
+def test_sglang_log(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "sglang-0.5.23.log", qwen35_model, engine="sglang@0.5.23", hints=False)
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_SGLANG, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: SGLANG_PARSER_CAUSE, 4: None, 5: TOKENIZER_CAUSE}
+    assert report.sessions[1].steps[2].request.request_id == "next-user-turn-2-3"
+    assert report.sessions[1].steps[2].request.cached_tokens == 0  # what the log says SGLang reused
+
+
+def test_verifiers_sessions_by_trajectory_id(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "verifiers-results.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert len(report.sessions) == 5 and len(report.sessions[0].key) == 32
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: None, 5: TOKENIZER_CAUSE}
+
+
+def test_openai_jsonl_sessions_by_session_id(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "openai.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert [s.key for s in report.sessions] == ["noncanonical-tokens-5", "client-drops-reasoning-4",
+                                                 "args-serialization-3", "next-user-turn-2", "tool-call-1"]
+    assert figures(report) == [TOKENIZER, CLIENT, PARSER_VLLM, REASONING_DROPPED, HOLDS]
+
+
+def test_atif_trajectory(qwen35_model) -> None:
+    atif = pytest.importorskip("atif")
+    document = json.loads((SAMPLES / "atif.json").read_text(encoding="utf-8"))
+    atif.Trajectory.model_validate(document)  # the sample is what the atif 1.8.0 schema accepts
+    report = analyse_trace(SAMPLES / "atif.json", qwen35_model, engine="vllm@0.33.0")
+    assert figures(report) == [REASONING_DROPPED]
+    replay = report.replays[(1, 3)]
+    assert replay.reproduced and replay.cause is not None
+    assert replay.cause.to_json()["fix"] == {
+        "kind": "bridge", "engine": "bridge",
+        "text": "build the next prompt by appending to the previous token ids (bridge) instead of re-rendering"}
+
+
+def test_mini_swe_agent_ids_from_the_response_and_no_tools(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "mini-swe-agent.traj.json", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.sessions[0].ids_source == "logged"
+    assert figures(report) == [REASONING_DROPPED]
+    replay = report.replays[(1, 3)]
+    assert not replay.reproduced
+    assert "mini-swe-agent records no tool list" in replay.detail
+
+
+def test_swe_agent_without_ids_is_rendered(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "swe-agent.traj", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.sessions[0].ids_source == "rendered"
+    assert figures(report) == [[(739, 0, 739, 0, 0, None), (789, 738, 51, 736, 0, 738), (809, 737, 72, 736, 0, 737)]]
+
+
+def test_swe_agent_needs_a_model() -> None:
+    with pytest.raises(Exception, match="logs no token ids, so the prompts are rendered"):
+        analyse_trace(SAMPLES / "swe-agent.traj")
+
+
+def test_ids_only_figures_need_no_model() -> None:
+    report = analyse_trace(SAMPLES / "vllm-0.33.0.log")
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert report.replays == {}
+
+
+MALFORMED = {
+    "vllm.log": "vllm.log: line 2: the JSON body of request 2ad1245c92010b38 is not valid JSON (Unterminated "
+                "string starting at, column 41); was it cut by --max-log-len?",
+    "sglang.log": "sglang.log: line 11: obj.input_ids of request noncanonical-tokens-5-1 was cut short (a \"...\" in "
+                  "the list); SGLang logs whole id lists only at --log-requests-level 3",
+    "verifiers.jsonl": "verifiers.jsonl: line 1, trajectory[1]: tokens.prompt_ids is not a list of token ids (got "
+                       "str)",
+    "atif.json": "atif.json: steps[3]: step_id=7 is not sequential; expected 4",
+    "openai.jsonl": "openai.jsonl: line 3: response.choices is empty or not a list",
+    "mini-swe-agent.traj.json": "mini-swe-agent.traj.json: messages[2]: a message needs a role",
+    "swe-agent.traj": "swe-agent.traj: history[1]: a history entry needs role system, user, assistant or tool",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_file_gets_one_sentence(name: str) -> None:
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_trace(SAMPLES / "malformed" / name))
+    assert str(caught.value) == MALFORMED[name]
+
+
+def test_an_unknown_file_gets_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n", encoding="utf-8")
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_trace(path))
+    assert str(caught.value) == ("notes.txt: line 1 is not any trace format read here (vllm-log, sglang-log, atif, "
+                                 "mini-swe-agent, swe-agent, verifiers, openai-jsonl): 'hello'")
+
+
+def test_cli_json_shape() -> None:
+    out = subprocess.run([sys.executable, "-m", "engine", "trace", str(SAMPLES / "vllm-0.33.0.log"), "--model",
+                          "qwen3.5", "--engine", "vllm@0.33.0", "--no-hints", "--json", "-"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert [len(s["requests"]) for s in data["sessions"]] == [2, 3, 2, 2, 2]
+    broken = data["sessions"][1]["requests"][2]
+    assert {k: broken[k] for k in ("prompt_tokens", "reused_tokens", "prefill_tokens", "breaks")} == \
+        {"prompt_tokens": 1085, "reused_tokens": 1013, "prefill_tokens": 72, "breaks": True}
+    assert broken["first_break"]["previous_token_text"] == "<think>"
+    assert broken["first_break"]["next_token_text"] == "<tool_call>"
+    assert broken["cause"]["stage"] == "template" and broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:114"
+    assert set(broken["cause"]) == {"stage", "kind", "location", "origin", "detail", "fix"}
+    assert data["sessions"][0]["totals"] == {"prompt_tokens": 2096, "reused_tokens": 1059, "prefill_tokens": 1037,
+                                             "lost_tokens": 0, "breaks": 0}
