@@ -224,8 +224,7 @@ def _own_conversation(engine: str) -> None:
                 cells[model_id] = run_cell_with(cached_model(model_id), scenario.id, engine, {})
             except Exception as err:  # noqa: BLE001 - one model failing leaves the row
                 st.warning(f"{model_id}: {describe_error(err)}")
-    st.dataframe(pd.DataFrame([{m: cell_label(c) for m, c in cells.items()}], index=[scenario.id]),
-                 key="traffic:row_table")
+    st.dataframe(pd.DataFrame([{m: cell_label(c) for m, c in cells.items()}], index=[scenario.id]))
     breaking = [m for m, c in cells.items() if c.status == "breaks"]
     if not breaking:
         return

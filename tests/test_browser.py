@@ -6,6 +6,7 @@ one and a hostile one), opens the session page, and saves screenshots to build/s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -180,3 +181,44 @@ def test_session_page_opens(page, app_url) -> None:
     page.screenshot(path=str(SHOTS / "session.png"), full_page=True)
     values = page.locator("[data-testid='stMetricValue']").all_inner_texts()
     assert values[:2] == ["3001", "1037"]  # the handbook's session: prompt tokens, prefill at token level
+
+
+def test_your_traffic_upload_table_break_export(page, app_url) -> None:
+    page.goto(app_url)
+    page.get_by_role("link", name="Your traffic").click()
+    page.get_by_text("Load what your server").first.wait_for()
+    page.locator("input[type=file]").first.set_input_files(str(ROOT / "samples" / "traces" / "sglang-0.5.23.log"))
+    page.get_by_role("button", name="Store and analyse").click()
+    stored = page.get_by_text("Stored sglang-0.5.23.log")
+    try:
+        stored.wait_for()
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(SHOTS / "traffic-failed.png"), full_page=True)
+        raise
+    assert "(sglang-log, 11 requests, 5 session(s))" in stored.inner_text()
+    page.get_by_role("combobox").nth(2).click()  # the engine that served it
+    page.get_by_role("option", name="sglang@0.5.23").click()
+    page.get_by_text("Session 2 (prefix-2)").wait_for()
+    grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
+    grid.scroll_into_view_if_needed()
+    cause = page.get_by_text("Cause: template", exact=True)
+    for _ in range(3):  # a click that lands while the grid is still laying out is lost: click again
+        box = grid.bounding_box()
+        assert box is not None
+        page.mouse.click(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2)  # request 3, which breaks
+        try:
+            cause.wait_for(timeout=20_000)
+            break
+        except sync_api.TimeoutError:
+            continue
+    cause.wait_for()
+    page.locator("tr.first").first.wait_for()  # the break view's first differing token row
+    assert "<tool_call>" in page.locator("tr.first").first.inner_text()
+    cause.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "traffic-break.png"))
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Evidence JSON").click()
+    evidence = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    broken = evidence["sessions"][1]["requests"][2]
+    assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:114"
+    assert broken["window"]["first_token"] == 1013
