@@ -81,9 +81,9 @@ def test_vllm_log_interleaved_sessions_by_prefix(qwen35_model) -> None:
                              "(char 4430); the client sent the assistant turn with reasoning_content 'None' where the "
                              "engine returned \"The user wants today's weather in Paris. I should call get_w\"")
     assert client.cause is not None and client.cause.stage == "client"
-    # The messages come from the JSON body records, matched to their request by id.
-    first = report.sessions[0].steps[0].request
-    assert first.request_id.startswith("chatcmpl-") and first.messages[1]["content"].startswith("Ticket #1:")
+    # The replays ran on the messages of the JSON body records, matched to their request by id.
+    assert report.sessions[0].steps[0].request.request_id.startswith("chatcmpl-")
+    assert report.replays[(2, 3)].reproduced
 
 
 def test_sglang_log(qwen35_model) -> None:
@@ -109,9 +109,10 @@ def test_openai_jsonl_sessions_by_session_id(qwen35_model) -> None:
 
 
 def test_atif_trajectory(qwen35_model) -> None:
-    atif = pytest.importorskip("atif")
+    from atif import Trajectory
+
     document = json.loads((SAMPLES / "atif.json").read_text(encoding="utf-8"))
-    atif.Trajectory.model_validate(document)  # the sample is what the atif 1.8.0 schema accepts
+    Trajectory.model_validate(document)  # the sample is what the atif 1.8.0 schema accepts
     report = analyse_trace(SAMPLES / "atif.json", qwen35_model, engine="vllm@0.33.0")
     assert figures(report) == [REASONING_DROPPED]
     replay = report.replays[(1, 3)]
@@ -192,3 +193,21 @@ def test_cli_json_shape() -> None:
     assert set(broken["cause"]) == {"stage", "kind", "location", "origin", "detail", "fix"}
     assert data["sessions"][0]["totals"] == {"prompt_tokens": 2096, "reused_tokens": 1059, "prefill_tokens": 1037,
                                              "lost_tokens": 0, "breaks": 0}
+
+
+def test_logs_are_read_line_by_line() -> None:
+    """The first request comes out while most of the log is still unread (only pending requests are kept)."""
+    from engine.traces.readers import FORMATS
+
+    lines = (SAMPLES / "vllm-0.33.0.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    consumed = 0
+
+    def feed():
+        nonlocal consumed
+        for line in lines:
+            consumed += 1
+            yield line
+
+    first = next(FORMATS["vllm-log"].read("vllm-0.33.0.log", feed()))
+    assert first.prompt_ids is not None and first.completion_ids is not None
+    assert consumed < len(lines) // 2

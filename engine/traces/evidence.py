@@ -55,10 +55,10 @@ def step_view(model: LoadedModel, report: TraceReport, session: int, request: in
         return boundary_view(model, replay.boundary, context)
     if model.tokenizer is None:
         raise ExplorerError(f"model {model.id} has no tokenizer here, so the logged ids cannot be shown as text")
-    previous = _step(report, session, request - 1)
-    prev_ids = previous.prompt_ids + previous.completion_ids
+    if step.previous_sequence_ids is None or step.prompt_ids is None:
+        raise ExplorerError(f"request {request} of session {session} does not break: there is no break to show")
     sides = []
-    for label, ids in ((f"request {request - 1}'s prompt + completion (logged)", prev_ids),
+    for label, ids in ((f"request {request - 1}'s prompt + completion (logged)", step.previous_sequence_ids),
                        (f"request {request}'s prompt (logged)", step.prompt_ids)):
         text = model.tokenizer.decode(ids)
         sides.append(CompareSide(label, text, (-1,) * len(text), (0,) * len(text), ids,

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.traces.readers import detect_format, read_trace
-from engine.traces.records import TraceRequest
-from engine.traces.truth import SessionTruth, group_sessions, ids_of, session_truth
+from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
 from engine.traces.why import Replay, explain_step
 
 
@@ -65,38 +64,44 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
                   trace_format: str | None = None, block_size: int = 16,
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
                   hints: bool = True, name: str | None = None) -> TraceReport:
-    """Read `path`, group its requests, and compute every step; with `engine` and a model, replay each break."""
+    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break.
+
+    One pass: a request is assigned to its session and its step computed as it is read, and only what a later
+    request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
+    the sessions and the breaks, not the file.
+    """
     label = name or Path(path).name
-    requests = read_trace(path, trace_format, name=label)
+    grouper = Grouper()
+    builders: dict[str, SessionBuilder] = {}
+    replays: dict[tuple[str, int], Replay] = {}
     chosen = trace_format
-    ids: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    kept: list[TraceRequest] = []
-    sources: set[str] = set()
-
-    def with_ids():
-        for request in requests:
-            prompt, completion, source = ids_of(model, request, engine)
-            sources.add(source)
-            ids[id(request)] = (prompt, completion)
-            kept.append(request)
-            yield request, prompt, completion
-
-    sessions = group_sessions(with_ids())
-    if not kept:
+    for request in read_trace(path, trace_format, name=label):
+        chosen = chosen or request.format
+        prompt, completion, source = ids_of(model, request, engine)
+        key = grouper.assign(request, prompt, completion)
+        builder = builders.get(key)
+        if builder is None:
+            builder = builders[key] = SessionBuilder(key, model, source, block_size, checkpoint_policy)
+        previous = builder.previous_request
+        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
+        step = builder.add(request, prompt, completion, source)
+        if step.breaks and explain and model is not None and engine is not None and previous is not None:
+            replays[(key, step.row.index)] = explain_step(model, engine, previous, request, previous_completion,
+                                                          previous_prompt, prompt, step.row.index - 1, hints=hints)
+    if not builders:
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
-    chosen = chosen or kept[0].format
-    source = "logged" if sources == {"logged"} else "rendered" if sources == {"rendered"} else "mixed"
-    truths = tuple(session_truth(model, s, ids, source, block_size=block_size, checkpoint_policy=checkpoint_policy)
-                   for s in sessions)
-    replays: dict[tuple[int, int], Replay] = {}
-    if explain and model is not None and engine is not None:
-        for s_no, truth in enumerate(truths, start=1):
-            for previous, step in zip(truth.steps, truth.steps[1:]):
-                if step.breaks:
-                    replays[(s_no, step.row.index)] = explain_step(
-                        model, engine, previous.request, step.request, previous.completion_ids, previous.prompt_ids,
-                        step.prompt_ids, previous.row.index, hints=hints)
-    return TraceReport(label, chosen, model.id if model else None, engine, block_size, truths, replays)
+    ordered = sorted(builders.values(), key=lambda b: b.first_order)
+    truths = []
+    numbered: dict[tuple[int, int], Replay] = {}
+    for n, builder in enumerate(ordered, start=1):
+        truth = builder.truth()
+        if truth.key.startswith("prefix-"):
+            truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
+        truths.append(truth)
+        for (key, index), replay in replays.items():
+            if key == builder.key:
+                numbered[(n, index)] = replay
+    return TraceReport(label, chosen or "", model.id if model else None, engine, block_size, tuple(truths), numbered)
 
 
 def sniff_format(path: str | Path, name: str | None = None) -> str:

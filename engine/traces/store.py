@@ -23,7 +23,7 @@ from pathlib import Path
 from engine.errors import ExplorerError
 from engine.traces.readers import read_trace
 from engine.traces.records import TraceFormatError
-from engine.traces.truth import group_sessions
+from engine.traces.truth import Grouper
 from engine.workspace import _fsync_dir, _write_atomic, default_root
 
 _MB = 1024 * 1024
@@ -63,11 +63,14 @@ class StoredTrace:
 
 def validate_trace(name: str, path: Path) -> tuple[str, int, int]:
     """Read every record of the file at `path`: its format, requests and sessions (ids only: no model needed)."""
-    requests = list(read_trace(path, name=name))
-    if not requests:
+    grouper = Grouper()
+    count, trace_format = 0, ""
+    for request in read_trace(path, name=name):
+        count, trace_format = count + 1, request.format
+        grouper.assign(request, request.prompt_ids or (), request.completion_ids or ())
+    if not count:
         raise TraceFormatError(f"{name} holds no complete request (a prompt and its completion)")
-    with_ids = [(r, r.prompt_ids or (), r.completion_ids or ()) for r in requests]
-    return requests[0].format, len(requests), len(group_sessions(with_ids))
+    return trace_format, count, grouper.sessions
 
 
 class TraceStore:

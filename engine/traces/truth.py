@@ -21,7 +21,7 @@ with the model's template, each completion written as the model's output from th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import ExplorerError
@@ -36,56 +36,43 @@ HASH_BLOCK = 16
 FIRST_PROMPT_SLACK = 4  # a generation prompt past the role header: Qwen3 "<think>\n" is 2 tokens
 
 
-@dataclass
-class TraceSession:
-    key: str  # the format's session id, or "prefix-N" for a session found by shared prefix
-    requests: list[TraceRequest] = field(default_factory=list)
-
-
-def _chain(ids: tuple[int, ...], limit: int | None = None) -> Iterable[int]:
+def _chain(ids: tuple[int, ...]) -> Iterable[int]:
+    """The hash of every whole 16-token block, each chained to the ones before it (vLLM's block keys)."""
     h = 0
-    end = len(ids) if limit is None else min(limit, len(ids))
-    for start in range(0, end - HASH_BLOCK + 1, HASH_BLOCK):
+    for start in range(0, len(ids) - HASH_BLOCK + 1, HASH_BLOCK):
         h = hash((h, ids[start:start + HASH_BLOCK]))
         yield h
 
 
-def group_sessions(requests: Iterable[tuple[TraceRequest, tuple[int, ...], tuple[int, ...]]]) -> list[TraceSession]:
-    """Requests (each with its prompt and completion ids) in sessions, in the order of their first request."""
-    sessions: dict[str, TraceSession] = {}
-    first_prompt: dict[str, tuple[int, ...]] = {}
-    latest: dict[str, tuple[int, ...]] = {}
-    deepest: dict[int, str] = {}  # block-chain hash -> the session whose latest sequence last held it
-    for request, prompt, completion in requests:
+class Grouper:
+    """Assigns each request to a session as it arrives (see the module docstring); keeps per session only its first
+    prompt and latest sequence, and one dictionary entry per distinct 16-token block."""
+
+    def __init__(self) -> None:
+        self.first_prompt: dict[str, tuple[int, ...]] = {}
+        self.deepest: dict[int, str] = {}  # block-chain hash -> the session whose latest sequence last held it
+        self.sessions = 0
+
+    def assign(self, request: TraceRequest, prompt: tuple[int, ...], completion: tuple[int, ...]) -> str:
         key = request.session
         if key is None:
             candidate = None
             for h in _chain(prompt):
-                owner = deepest.get(h)
+                owner = self.deepest.get(h)
                 if owner is None:
                     break
                 candidate = owner
             if candidate is not None:
-                first = first_prompt[candidate]
+                first = self.first_prompt[candidate]
                 if common_prefix(prompt, first) < len(first) - FIRST_PROMPT_SLACK:
                     candidate = None
-            key = candidate or f"prefix-{len(sessions) + 1}"
-        if key not in sessions:
-            sessions[key] = TraceSession(key)
-            first_prompt[key] = prompt
-        sessions[key].requests.append(request)
-        if request.session is None:
-            sequence = prompt + completion
-            latest[key] = sequence
-            for h in _chain(sequence):
-                deepest[h] = key
-    for session in sessions.values():
-        session.requests.sort(key=lambda r: r.order)  # a log records outputs as they finish, not as requests came
-    ordered = sorted(sessions.values(), key=lambda s: s.requests[0].order)
-    for n, session in enumerate(ordered, start=1):
-        if session.key.startswith("prefix-"):
-            session.key = f"prefix-{n}"  # numbered in the order of their first request
-    return ordered
+            key = candidate or f"prefix-{self.sessions + 1}"
+            for h in _chain(prompt + completion):
+                self.deepest[h] = key
+        if key not in self.first_prompt:
+            self.sessions += 1
+            self.first_prompt[key] = prompt if request.session is None else ()
+        return key
 
 
 @dataclass(frozen=True)
@@ -108,12 +95,13 @@ class StepBreak:
 
 @dataclass(frozen=True)
 class TraceStep:
-    request: TraceRequest
+    request: TraceRequest  # without its ids and messages (kept only while the next request may need them)
     row: RequestRow  # the session accounting's figures for this request
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
     common_with_previous: int  # token prefix shared with the previous request's whole sequence
     first_break: StepBreak | None
+    # At a break only: both sides, for the break view and the evidence.
+    previous_sequence_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def breaks(self) -> bool:
@@ -182,34 +170,62 @@ def _step_break(model: LoadedModel | None, previous: tuple[int, ...], prompt: tu
                      char >= len(a))
 
 
-def session_truth(model: LoadedModel | None, session: TraceSession,
-                  ids: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], ids_source: str, *, block_size: int = 16,
-                  checkpoint_policy: str = "prompt-and-generation-end") -> SessionTruth:
-    """Every request of a session with its reuse; `ids` maps id(request) to its (prompt, completion) ids."""
-    frontier: list[tuple[int, CachedSequence]] = []  # (request number, sequence) no later sequence extends
-    steps: list[TraceStep] = []
-    previous: tuple[int, ...] = ()
-    for n, request in enumerate(session.requests, start=1):
-        prompt, completion = ids[id(request)]
-        reuse = reuse_of(prompt, [c for _, c in frontier], block_size)
+def lite(request: TraceRequest) -> TraceRequest:
+    """The request without what grows with the conversation (ids, messages, texts): what a step keeps."""
+    return replace(request, prompt_ids=None, completion_ids=None, prompt_text=None, completion_text=None,
+                   messages=None, tools=None, response_message=None)
+
+
+class SessionBuilder:
+    """One session's steps, computed as its requests arrive. The cache is the session's earlier sequences less
+    those a later one extends (their hybrid checkpoints move to it): `reuse_of` gives the same answer as over every
+    earlier sequence, and an append-only session compares each prompt with one sequence."""
+
+    def __init__(self, key: str, model: LoadedModel | None, ids_source: str, block_size: int,
+                 checkpoint_policy: str) -> None:
+        self.key, self.model, self.block_size, self.policy = key, model, block_size, checkpoint_policy
+        self.ids_sources = {ids_source}
+        self.steps: list[TraceStep] = []
+        self.frontier: list[tuple[int, CachedSequence]] = []  # (request number, sequence) no later one extends
+        self.previous: tuple[int, ...] = ()
+        self.previous_request: TraceRequest | None = None  # whole, for the replay of a break at the next request
+        self.previous_prompt: tuple[int, ...] = ()
+        self.previous_completion: tuple[int, ...] = ()
+        self.first_order = 0
+
+    def add(self, request: TraceRequest, prompt: tuple[int, ...], completion: tuple[int, ...],
+            ids_source: str) -> TraceStep:
+        self.ids_sources.add(ids_source)
+        n = len(self.steps) + 1
+        if n == 1:
+            self.first_order = request.order
+        previous = self.previous
+        reuse = reuse_of(prompt, [c for _, c in self.frontier], self.block_size)
         common = common_prefix(previous, prompt) if previous else 0
         row = RequestRow(
             index=n, trigger="request", prompt_tokens=len(prompt), reusable_tokens=reuse.token,
             prefill_tokens=len(prompt) - reuse.token, decode_tokens=len(completion),
             block_reusable_tokens=reuse.block, hybrid_reusable_tokens=reuse.hybrid,
             sequence_tokens=len(prompt) + len(completion), previous_sequence_tokens=len(previous),
-            matched_request=frontier[reuse.matched][0] if reuse.matched >= 0 else 0,
+            matched_request=self.frontier[reuse.matched][0] if reuse.matched >= 0 else 0,
         )
-        first_break = _step_break(model, previous, prompt) if previous and common < len(previous) else None
-        steps.append(TraceStep(request, row, prompt, completion, common, first_break))
+        breaks = bool(previous) and common < len(previous)
+        step = TraceStep(lite(request), row, common, _step_break(self.model, previous, prompt) if breaks else None,
+                         previous if breaks else None, prompt if breaks else None)
+        self.steps.append(step)
         sequence = prompt + completion
         kept: list[tuple[int, CachedSequence]] = []
-        checkpoints = set(checkpoints_after(len(prompt), len(sequence), checkpoint_policy))
-        for number, cached in frontier:
+        checkpoints = set(checkpoints_after(len(prompt), len(sequence), self.policy))
+        for number, cached in self.frontier:
             if len(cached.ids) <= len(sequence) and common_prefix(cached.ids, sequence) == len(cached.ids):
                 checkpoints.update(cached.checkpoints)  # a prefix of the new sequence: its state lives on there
             else:
                 kept.append((number, cached))
-        frontier = kept + [(n, CachedSequence(sequence, tuple(sorted(checkpoints))))]
-        previous = sequence
-    return SessionTruth(session.key, tuple(steps), ids_source)
+        self.frontier = kept + [(n, CachedSequence(sequence, tuple(sorted(checkpoints))))]
+        self.previous, self.previous_request = sequence, request
+        self.previous_prompt, self.previous_completion = prompt, completion
+        return step
+
+    def truth(self) -> SessionTruth:
+        source = next(iter(self.ids_sources)) if len(self.ids_sources) == 1 else "mixed"
+        return SessionTruth(self.key, tuple(self.steps), source)
