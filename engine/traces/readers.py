@@ -506,10 +506,6 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
 )}
 
 
-def format_names() -> list[str]:
-    return list(FORMATS)
-
-
 def _first_value(head: str) -> Any:
     """The first JSON value of the file's head: its first line (JSONL), else the whole head (a document)."""
     first = next((line for line in head.splitlines() if line.strip()), "")

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
-from engine.traces.readers import detect_format, read_trace
+from engine.traces.readers import read_trace
 from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
 from engine.traces.why import Replay, explain_step
 
@@ -102,12 +102,6 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
             if key == builder.key:
                 numbered[(n, index)] = replay
     return TraceReport(label, chosen or "", model.id if model else None, engine, block_size, tuple(truths), numbered)
-
-
-def sniff_format(path: str | Path, name: str | None = None) -> str:
-    with open(path, "rb") as raw:
-        head = raw.read(1 << 20).decode("utf-8", errors="replace")
-    return detect_format(name or Path(path).name, head)
 
 
 def report_text(report: TraceReport) -> str:
