@@ -348,7 +348,6 @@ def _toggles(request: MatrixRequest) -> tuple[list[float], dict[str, str]]:
 def long_conversation_tokenization(model_id: str = "qwen3.6", conversations: int = 40, repeat: int = 3) -> dict:
     """Whole-string vs segment-cached tokenization of the strings of `conversations` fuzz conversations."""
     from engine.fuzz import random_scenario
-    from engine.simulate import local_scenario
     from engine.tokenize import SegmentCachedTokenizer
 
     model = load_model(model_id)
@@ -358,8 +357,7 @@ def long_conversation_tokenization(model_id: str = "qwen3.6", conversations: int
     texts: dict[str, None] = {}
     for index in range(conversations):
         scenario = random_scenario(model.spec.family, 0, index)
-        with local_scenario(scenario):
-            cell = run_cell_with(model, scenario.id, "raw", {}, explain=False)
+        cell = run_cell_with(model, scenario, "raw", {}, explain=False)
         for b in cell.boundaries:
             for text in (b.prev_prompt.text, b.completion.text, b.next_prompt.text):
                 texts[text] = None

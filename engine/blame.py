@@ -1,167 +1,908 @@
-"""Cause attribution, computed rather than looked up.
+"""Cause attribution by counterfactual: the change to the model's text whose undo keeps the prefix.
 
-Engine or template? The same cell is re-run with the lossless `raw` parser: if raw holds where the engine breaks,
-the engine's first text-changing edit is the cause (with its source line). Otherwise the template line that emitted
-the first differing character of the next prompt is. A break at token level only is a tokenizer boundary cause.
-Fix hints are computed too: each boolean template kwarg is flipped, and other versions of the engine are tried;
-the first that makes the boundary hold is the hint, else the bridge.
+A boundary breaks because something between the model's output and the next prompt changed what the model wrote.
+Blame lists the candidate changes, undoes each alone through a re-run function the simulator hands in (blame never
+runs the simulator itself), and names the one whose undo makes the boundary hold, or moves the break furthest:
+  - engine: each parser or request-side edit (text edits, and what is not a text edit: a lost call, a renumbered id,
+    null for ""), undone in the engine's result or request;
+  - client: the scenario's client setting, replaced by a client that echoes everything;
+  - template: each construct the template ran for the message whose rendering broke (a filter or string method on
+    its fields, a condition, an output), undone for that message only (engine.render.constructs).
+The construct is the primary location; the line that emitted the differing character comes second. A break that
+no undo moves is blamed on the emitting construct, and the proof says that nothing else moved it.
+Fix hints are re-run too, and ranked: a switch that keeps the model's text before one that changes what the model is
+asked to do (turning reasoning off), other versions of the same engine, then the append-only bridge.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models import LoadedModel
+from engine.prefix import common_prefix
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
-from engine.simulate import Boundary, Cause, local_scenario, run_cell_with
-from engine.types import Edit
+from engine.types import (
+    Boundary,
+    Cause,
+    Change,
+    EchoingClient,
+    Edit,
+    Fix,
+    Location,
+    ParseResult,
+    UndoRequestEdit,
+    UndoTemplate,
+    UseParse,
+    WithEngine,
+    WithKwargs,
+)
+
+Rerun = Callable[[Change], Boundary | None]
+MAX_TEMPLATE_CANDIDATES = 100  # constructs tried per break, nearest to the break first
 
 
-def _first_break(boundaries: tuple[Boundary, ...]) -> Boundary:
-    return next(b for b in boundaries if not b.holds)
+@dataclass(frozen=True)
+class BlameContext:
+    model: LoadedModel
+    scenario: Scenario
+    engine: str  # as the cell was asked for: "raw", "bridge", "vllm", "sglang@0.5.12", ...
+    user_kwargs: dict[str, Any]
+    kwargs: dict[str, Any]  # the kwargs the cell rendered with (model defaults, scenario, user)
 
 
-def _boundary_holds(model: LoadedModel, scenario_id: str, engine: str, kwargs: dict, index: int) -> bool:
-    # Only boundary `index` matters: the re-run stops there, and attributes nothing.
-    cell = run_cell_with(model, scenario_id, engine, kwargs, explain=False, stop_after=index)
-    if cell.status != "holds" and cell.status != "breaks":
+@dataclass(frozen=True)
+class _Trial:
+    """One undone change and what the re-run gave: the new common prefix (characters), whether it holds, and how many
+    characters of the next prompt the change touched (the smallest change that keeps the prefix is the cause)."""
+
+    common: int
+    holds: bool
+    change_size: int = 0
+
+
+def _change_size(a: str, b: str) -> int:
+    start = common_prefix(a, b)
+    a, b = a[start:], b[start:]
+    end = common_prefix(a[::-1], b[::-1])
+    return len(a) + len(b) - 2 * end
+
+
+def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _Trial | None:
+    boundary = rerun(change)
+    if boundary is None:
+        return None
+    size = _change_size(original.next_prompt.text, boundary.next_prompt.text) if original is not None else 0
+    return _Trial(boundary.string_prefix.common, boundary.string_prefix.holds, size)
+
+
+def _prefix_words(boundary: Boundary, trial: _Trial) -> str:
+    total = boundary.string_prefix.prev_len
+    if trial.holds:
+        return f"the boundary holds ({total}/{total} characters)"
+    return f"the break moves from character {boundary.string_prefix.common} to {trial.common} of {total}"
+
+
+def _snippet(text: str, at: int, width: int = 24) -> str:
+    return text[at:at + width]
+
+
+def explain_break(boundary: Boundary, context: BlameContext, rerun: Rerun, *, hints: bool = True) -> Cause:
+    """The cause of `boundary`'s break. `hints=False` leaves `fix` None: the hint re-runs the cell once per kwarg and
+    engine version, which the fuzzer, counting causes over thousands of conversations, does not need."""
+    if boundary.string_prefix.holds:
+        cause = _tokenizer_cause(boundary, context)
+    else:
+        cause = (_engine_cause(boundary, context, rerun) or _client_cause(boundary, context, rerun)
+                 or _template_cause(boundary, context, rerun))
+    if hints:
+        cause = replace(cause, fix=_fix_hint(boundary, context, rerun, cause))
+    return cause
+
+
+# -- tokenizer ---------------------------------------------------------------------------------------------------
+
+
+def _tokenizer_cause(boundary: Boundary, context: BlameContext) -> Cause:
+    at = boundary.token_prefix.common if boundary.token_prefix else 0
+    prev_ids, next_ids = boundary.prev_ids or (), boundary.next_ids or ()
+    model = context.model
+    tokenizer_file = model.spec.assets["tokenizer"].hub_file if "tokenizer" in model.spec.assets else "tokenizer"
+    return Cause(
+        stage="tokenizer", kind="retokenised",
+        locations=(Location(f"tokenizer {model.id}", tokenizer_file, 0),),
+        changed=(f"the text is identical ({boundary.string_prefix.prev_len} characters), but at token {at} the "
+                 f"model's ids {list(prev_ids[at:at + 3])} are re-tokenized as {list(next_ids[at:at + 3])}"),
+        fix=None,
+        proof="string prefix holds and token prefix breaks: the same characters, tokenized whole, give other ids",
+        detail=(f"same text, different ids at token {at}: previous {list(prev_ids[at:at + 3])} vs next "
+                f"{list(next_ids[at:at + 3])}; re-tokenizing the whole prompt does not give back the completion's "
+                "own ids"),
+    )
+
+
+# -- engine ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _EngineCandidate:
+    change: Change
+    edit: Edit
+    field: str  # reasoning | content | arguments | id | calls | request
+    order: int
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _with_edit_undone(parse: ParseResult, edit: Edit, written: ParseResult, completion: str
+                      ) -> tuple[ParseResult, str] | None:
+    """The engine's result with one edit's output put back as its input, and the field it was found in.
+
+    A reasoning or content undo must give back text the model wrote: text the engine moved into one of the tool calls
+    it returned (their markup) is not lost, and putting it back as content would only duplicate the model's bytes.
+    """
+    before, after = edit.before, edit.after
+    moved_to_calls = any(call.name and call.name in before for call in parse.tool_calls)
+
+    def own(field_text: str | None) -> bool:
+        return field_text is not None and before in completion and not moved_to_calls
+
+    if after and parse.reasoning is not None and parse.reasoning == after and own(written.reasoning):
+        return replace(parse, reasoning=before), "reasoning"
+    if after and parse.content is not None and parse.content == after and own(written.content):
+        return replace(parse, content=before), "content"
+    for i, call in enumerate(parse.tool_calls):
+        if after and call.arguments == after:
+            calls = list(parse.tool_calls)
+            calls[i] = replace(call, arguments=before)
+            return replace(parse, tool_calls=tuple(calls)), "arguments"
+        if after and call.id == after and before:
+            calls = list(parse.tool_calls)
+            calls[i] = replace(call, id=before)
+            return replace(parse, tool_calls=tuple(calls)), "id"
+    if not after:
+        if not parse.content and own(written.content):
+            return replace(parse, content=before), "content"
+        return None
+    if parse.reasoning and after in parse.reasoning and own(written.reasoning):
+        return replace(parse, reasoning=parse.reasoning.replace(after, before, 1)), "reasoning"
+    if parse.content and after in parse.content and own(written.content):
+        return replace(parse, content=parse.content.replace(after, before, 1)), "content"
+    if before not in completion:
+        return None  # inside a call's arguments, only what the model wrote can be put back
+    escaped_after = json.dumps(after, ensure_ascii=False)[1:-1]
+    escaped_before = json.dumps(before, ensure_ascii=False)[1:-1]
+    for i, call in enumerate(parse.tool_calls):
+        if escaped_after and escaped_after in call.arguments:
+            calls = list(parse.tool_calls)
+            calls[i] = replace(call, arguments=call.arguments.replace(escaped_after, escaped_before, 1))
+            return replace(parse, tool_calls=tuple(calls)), "arguments"
+    return None
+
+
+def _producing_edit(value: str, written: str, steps: tuple[Edit, ...], fallback: Edit) -> Edit:
+    """The recorded edit that made the engine's `value` out of what the model `written`: the first (in pipeline order)
+    whose input holds the model's text and whose output no longer does; else the one whose output is the value;
+    else the last whose output is part of it."""
+    if written:
+        for edit in steps:
+            if written in edit.before and written not in edit.after:
+                return edit
+    for edit in steps:
+        if edit.after == value and edit.before != edit.after:
+            return edit
+    for edit in reversed(steps):
+        if edit.after and edit.after in value:
+            return edit
+    return fallback
+
+
+def _field_differences(parse: ParseResult, written: ParseResult, origin: str) -> list[tuple[ParseResult, Edit,
+                                                                                             str]]:
+    """Each field where the engine's result differs from what the model wrote (the lossless split), with the field
+    put back as written: the reasoning, the content, a call's arguments or id, the calls themselves, null for ""."""
+    found: list[tuple[ParseResult, Edit, str]] = []
+    where = Location(origin, "serving layer", 0)
+    edits = parse.edits
+    if len(parse.tool_calls) < len(written.tool_calls):
+        kept = {call.name for call in parse.tool_calls}
+        lost = [call.name for call in written.tool_calls if call.name not in kept] or [written.tool_calls[-1].name]
+        # The step that cut the lost call's markup out of the text.
+        edit = next((e for e in edits if lost[0] in e.before and lost[0] not in e.after), None) or Edit(
+            "call_lost", f"{len(written.tool_calls)} tool calls", f"{len(parse.tool_calls)} tool calls", where,
+            "the engine returned fewer tool calls than the model wrote")
+        found.append((replace(parse, tool_calls=written.tool_calls), edit, "calls"))
+    for i, (call, own) in enumerate(zip(parse.tool_calls, written.tool_calls)):
+        if _json_or_none(call.arguments) != _json_or_none(own.arguments) or (
+                _json_or_none(own.arguments) is None and call.arguments != own.arguments):
+            calls = list(parse.tool_calls)
+            calls[i] = replace(call, arguments=own.arguments)
+            edit = _producing_edit(call.arguments, own.arguments, edits, Edit(
+                "args_rewritten", own.arguments, call.arguments, where, "the arguments are not the model's"))
+            found.append((replace(parse, tool_calls=tuple(calls)), replace(edit, before=own.arguments,
+                                                                           after=call.arguments), "arguments"))
+        if own.id and call.id != own.id:
+            calls = list(parse.tool_calls)
+            calls[i] = replace(call, id=own.id)
+            edit = next((e for e in edits if e.before == own.id and e.after == call.id), None) or Edit(
+                "call_id_replaced", own.id, call.id or "", where, "the tool-call id the model wrote is replaced")
+            found.append((replace(parse, tool_calls=tuple(calls)), edit, "id"))
+    for field in ("reasoning", "content"):
+        value, own = getattr(parse, field), getattr(written, field)
+        if value == own or (not value and not own and field == "reasoning"):
+            continue
+        if field == "content" and value is None and own == "":
+            edit = next((e for e in edits if e.after == "null"), None) or Edit(
+                "content_null", '""', "null", where, "an empty answer is returned as null")
+        else:
+            edit = _producing_edit(value or "", own or "", edits, Edit(
+                f"{field}_rewritten", own or "", value or "", where, f"the {field} is not the model's"))
+            edit = replace(edit, before=own or "", after=value or "")
+        found.append((replace(parse, **{field: own if own is not None else ""}), edit, field))
+    return found
+
+
+def _engine_candidates(boundary: Boundary, context: BlameContext) -> list[_EngineCandidate]:
+    parse = boundary.parse
+    written = _written_fields(boundary, context)
+    candidates: list[_EngineCandidate] = []
+    for edit in parse.edits:
+        undone = _with_edit_undone(parse, edit, written, boundary.completion.text) if written is not None else None
+        if undone is not None:
+            candidates.append(_EngineCandidate(UseParse(undone[0]), edit, undone[1], len(candidates)))
+    if written is not None:
+        origin = parse.edits[0].location.origin if parse.edits else context.engine
+        for result, edit, field in _field_differences(parse, written, origin):
+            candidates.append(_EngineCandidate(UseParse(result), edit, field, len(candidates)))
+    for edit in boundary.request_edits:
+        if edit.before != edit.after:
+            candidates.append(_EngineCandidate(UndoRequestEdit(edit), edit, "request", len(candidates)))
+    return candidates
+
+
+def _written_fields(boundary: Boundary, context: BlameContext) -> ParseResult | None:
+    from engine.formats import get_format
+    from engine.formats.base import prompt_opens_reasoning
+
+    try:
+        fmt = get_format(context.model.spec.family)
+    except KeyError:
+        return None
+    return fmt.raw_parse(boundary.completion.parser_text,
+                         reasoning_open=prompt_opens_reasoning(boundary.prev_prompt.text))
+
+
+def _engine_kind(candidate: _EngineCandidate) -> str:
+    edit, field = candidate.edit, candidate.field
+    if field == "calls":
+        return "call-lost"
+    if field == "id":
+        return "call-id-renumbered"
+    if edit.after == "null" and edit.before in ('""', ""):
+        return "content-null"
+    if field in ("arguments", "request") and (edit.before.lstrip().startswith("{") or edit.after.startswith("{")):
+        return _arguments_kind(edit.before, edit.after)
+    if field == "arguments":
+        return "args-reserialised"
+    if field == "request":
+        return "reasoning-dropped" if "reasoning" in edit.before else "args-reserialised"
+    if edit.before.strip() == edit.after.strip():
+        return "reasoning-trimmed" if field == "reasoning" else "whitespace-normalised"
+    if not edit.after.strip():
+        return "reasoning-dropped" if field == "reasoning" else "content-dropped"
+    return "text-rewritten"
+
+
+def _arguments_kind(before: str, after: str) -> str:
+    old, new = _json_or_none(before), _json_or_none(after)
+    if not isinstance(new, dict) or (isinstance(new, dict) and not new and before.strip() not in ("", "{}")):
+        return "args-dropped"
+    if not isinstance(old, dict):
+        return "args-reserialised"
+    if old == new and list(old) == list(new):
+        return "args-reserialised"
+    if old.keys() == new.keys() and any(type(old[k]) is not type(new[k]) for k in old):
+        return "args-type-coerced"
+    return "args-reserialised"
+
+
+def _engine_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
+    if context.engine in ("raw", "bridge"):
+        return None
+    candidates = _engine_candidates(boundary, context)
+    best: tuple[_Trial, _EngineCandidate] | None = None
+    for candidate in candidates:
+        trial = _trial(rerun, candidate.change)
+        if trial is None or trial.common <= boundary.string_prefix.common:
+            continue
+        if best is None or (trial.holds, trial.common) > (best[0].holds, best[0].common):
+            best = (trial, candidate)
+        if trial.holds:
+            break
+    if best is None:
+        return None
+    trial, candidate = best
+    edit = candidate.edit
+    kind = _engine_kind(candidate)
+    at = boundary.string_prefix.common
+    loc = edit.location
+    return Cause(
+        stage="parser", kind=kind,
+        locations=(replace(loc, text=edit.description),),
+        changed=_changed_by_engine(edit, candidate.field),
+        fix=None,
+        proof=f"re-run with {edit.step} undone ({edit.location}): {_prefix_words(boundary, trial)}",
+        detail=(f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}; at char {at}: previous "
+                f"{_snippet(boundary.prev_text, at)!r} vs next {_snippet(boundary.next_prompt.text, at)!r}"),
+        edit=edit,
+    )
+
+
+def _changed_by_engine(edit: Edit, field: str) -> str:
+    if field == "request":
+        return f"the engine's request side turned {edit.before[:60]!r} into {edit.after[:60]!r} before rendering"
+    return f"the model wrote {edit.before[:60]!r} ({field}); the engine returned {edit.after[:60]!r}"
+
+
+# -- client ------------------------------------------------------------------------------------------------------
+
+
+def _client_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
+    """The scenario's client setting is the cause when the same cell with a client that echoes everything holds."""
+    scenario = context.scenario
+    if not scenario.client:
+        return None
+    trial = _trial(rerun, EchoingClient())
+    if trial is None or not trial.holds:
+        return None
+    setting, value = next(iter(scenario.client.items()))
+    source = SCENARIOS_DIR.parent / scenario.source if scenario.source else None
+    lines = source.read_text(encoding="utf-8").splitlines() if source is not None and source.is_file() else []
+    line = next((n for n, text in enumerate(lines, 1) if text.strip().startswith(f"{setting}:")), 0)
+    field = setting.removeprefix("send_") + ("_content" if setting == "send_reasoning" else "")
+    return Cause(
+        stage="client", kind="client-dropped-field",
+        locations=(Location(f"client (scenario {scenario.id})", scenario.source or scenario.id, line,
+                            text=lines[line - 1].strip() if line else ""),),
+        changed=f"the client sent the assistant turn back without {field} ({setting}={value!r})",
+        fix=None,
+        proof=f"re-run with a client that echoes what the engine returned: {_prefix_words(boundary, trial)}",
+        detail=f"the client sends the assistant turn back with {setting}={value!r}; with a client that echoes what "
+               "the engine returned, this boundary holds",
+    )
+
+
+# -- template ----------------------------------------------------------------------------------------------------
+
+
+def _break_message(boundary: Boundary) -> int:
+    """The message whose rendering holds the first differing character of the next prompt (its assistant turn when
+    that character is scaffolding)."""
+    rendered = boundary.next_prompt
+    at = min(boundary.string_prefix.common, len(rendered.text) - 1)
+    if at < 0:
+        return -1
+    index = rendered.message_index
+    if index[at] >= 0:
+        return index[at]
+    later = [m for m in index[at:] if m >= 0]
+    return later[0] if later else max(index, default=-1)
+
+
+def _emitting_line(boundary: Boundary) -> int:
+    rendered = boundary.next_prompt
+    at = boundary.string_prefix.common
+    pos = min(at, len(rendered.text) - 1)
+    if pos < 0:
+        return 0
+    # A break at the first character of an output chunk means the chunk before it ended early (a branch that left
+    # something out): the line that emitted that chunk.
+    if 0 < pos < len(rendered.text) and rendered.source_line[pos] != rendered.source_line[pos - 1]:
+        pos -= 1
+    return rendered.source_line[pos]
+
+
+def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause:
+    model = context.model
+    renderer = model.renderer
+    rendered = boundary.next_prompt
+    at = boundary.string_prefix.common
+    lines = renderer.source_lines()
+    emit_line = _emitting_line(boundary)
+    emit_location = Location(rendered.origin, rendered.source_path, emit_line,
+                             text=lines[emit_line - 1].strip() if 0 < emit_line <= len(lines) else "")
+    changed = _changed_in_template(boundary)
+    base = boundary
+    if context.engine not in ("raw", "bridge"):
+        # The template's constructs act on what the engine handed over; had the engine kept the model's fields, would
+        # the template still break here? Then blame the template on that request (the same cause as the raw column).
+        written = _written_fields(boundary, context)
+        again = rerun(UseParse(written)) if written is not None else None
+        if again is not None and not again.string_prefix.holds and \
+                again.string_prefix.common == boundary.string_prefix.common:
+            base = again
+    found = _template_counterfactual(base, context, rerun, emit_line)
+    if found is not None:
+        trial, found_locations, construct_kind, how, whitespace_change = found
+        location = found_locations[0]
+        kind = _template_kind(boundary, construct_kind, whitespace_change, _written_fields(boundary, context))
+        locations = found_locations if any(_same_place(loc, emit_location) for loc in found_locations) else (
+            *found_locations, emit_location)
+        return Cause(
+            stage="template", kind=kind, locations=locations, changed=changed, fix=None,
+            proof=(f"re-rendered with {how}" + (" (and the engine's result replaced by the model's fields as written)"
+                                                  if base is not boundary else "") +
+                   f": {_prefix_words(boundary, trial)}"),
+            detail=f"at char {at}: previous {_snippet(boundary.prev_text, at)!r} vs next "
+                   f"{_snippet(rendered.text, at)!r}; changed by: {location.text}; emitted by: {emit_location.text}",
+        )
+    kind = _template_kind(boundary, "output:output", "", _written_fields(boundary, context))
+    return Cause(
+        stage="template", kind=kind, locations=(emit_location,), changed=changed, fix=None,
+        proof="no construct of the template that ran for this message, undone alone, moves the break: the first "
+              "differing character is this line's own output",
+        detail=f"at char {at}: previous {_snippet(boundary.prev_text, at)!r} vs next {_snippet(rendered.text, at)!r}; "
+               f"emitted by: {emit_location.text}",
+    )
+
+
+def _same_place(a: Location, b: Location) -> bool:
+    return a.path == b.path and a.line <= b.line <= (a.end_line or a.line)
+
+
+def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: Rerun, emit_line: int
+                             ) -> tuple[_Trial, tuple[Location, ...], str, str, str] | None:
+    renderer = context.model.renderer
+    constructs_of = getattr(renderer, "constructs", None)
+    counterfactual = getattr(renderer, "render_counterfactual", None)
+    if constructs_of is None or counterfactual is None or boundary.next_request is None:
+        return None
+    target = _break_message(boundary)
+    # From the message before the break's on: a turn's closing markup (the transition after a user message) is
+    # emitted while that message renders. Undoing a construct there changes only what follows it in the next
+    # prompt, since the previous prompt rendered it before the break.
+    undo_from = max(target - 1, 0)
+    try:
+        _, evaluations = counterfactual(boundary.next_request)
+    except Exception:  # noqa: BLE001 - the instrumented render is a second opinion; the emitting line stands
+        return None
+    constructs = constructs_of()
+    ran: dict[int, list] = {}
+    for evaluation in evaluations:
+        if evaluation.message >= undo_from:
+            ran.setdefault(evaluation.construct, []).append(evaluation)
+    groups = _candidate_groups(constructs, ran, emit_line)
+    candidates = [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
+                  for group in groups if group[0].kind != "output"]
+    # Every condition on one template switch (a kwarg such as drop_thinking tested in several places, also outside
+    # any message, e.g. where the history is prepared), undone everywhere: together, and each alone.
+    aliases = getattr(renderer, "construct_aliases", dict)()
+    for group in _switch_groups(constructs, {e.construct for e in evaluations}, frozenset(context.kwargs), aliases):
+        for part in (group, *((c,) for c in group)) if len(group) > 1 else (group,):
+            candidates.append((part, UndoTemplate(-1, frozenset(c.id for c in part), base=boundary)))
+    # An op that printed a value anew (`|tojson`, `to_json`, a variable set above): had it printed the model's own
+    # text for each value. An output of the template's own markup: had it printed what the model wrote there.
+    for ident in _reprinting_ops(boundary, ran, constructs):
+        change = _reprinted_as_written(boundary, rerun, ran, constructs, ident, undo_from)
+        if change is not None:
+            candidates.append(((constructs[ident],), change))
+    for ident, change in _markup_as_written(boundary, ran, constructs, undo_from):
+        candidates.append(((constructs[ident],), change))
+    # Last, outputs not printed at all.
+    candidates += [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
+                   for group in groups if group[0].kind == "output"]
+    lines = renderer.source_lines()
+    trials = []
+    for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
+        trial = _trial(rerun, change, boundary)
+        if trial is not None and trial.common > boundary.string_prefix.common:
+            trials.append((trial, group, change))
+    if not trials:
+        return None
+
+    def rank(item: tuple) -> tuple:
+        trial, group, change = item
+        distance = min(abs(c.line - emit_line) for c in group)
+        # A construct that transforms the model's text, then one printing it anew, then markup printed in place of
+        # what the model wrote, then a branch taken, then an output left out.
+        priority = {"op": 0, "condition": 3, "output": 4}[group[0].kind]
+        if change.substitute:
+            priority = 1 if group[0].kind == "op" or group[0].receiver else 2
+            if all(written.endswith(printed) and len(written) > len(printed)
+                   for _, printed, written in change.substitute):
+                # Only text put before a value that starts at the break: the output before it ended early.
+                priority = 5
+        # Holding first; among those the smallest change to the next prompt, then the construct class, the nearest.
+        return (not trial.holds, trial.change_size if trial.holds else -trial.common, priority, distance)
+
+    ranked = sorted(trials, key=rank)
+    best = ranked[0]
+    if best[2].substitute and best[1][0].kind == "output":
+        # Markup printed in a branch that a condition chose: the condition is the construct, when undoing it holds
+        # as well.
+        line = best[1][0].line
+        best = next((t for t in ranked if t[0].holds and t[1][0].kind == "condition" and not t[2].substitute
+                     and t[1][0].line <= line <= t[1][0].end_line and t[0].change_size <= best[0].change_size),
+                    best)
+    trial, group, change = best
+    # The construct that ran for the broken message heads a group; a group spread over the file (conditions on one
+    # switch) is that construct, then the others as further locations.
+    head = next((c for c in group if any(e.message == target for e in ran.get(c.id, ()))), group[0])
+    close = [c for c in group if abs(c.line - head.line) <= 5]
+    first, last = min(c.line for c in close), max(c.end_line for c in close)
+    text = head.description if head.kind != "condition" else f"{head.description} (line {head.line})"
+    source = lines[head.line - 1].strip() if 0 < head.line <= len(lines) else ""
+    origin, path = boundary.next_prompt.origin, boundary.next_prompt.source_path
+    location = Location(origin, path, first, last if last != first else None, text=text or source)
+    if head.kind == "output" and change.substitute:
+        # A variable printed here was computed by a `set` above: that assignment is the construct.
+        assignments = getattr(renderer, "construct_assignments", dict)()
+        set_lines = [line for name in head.names for line in assignments.get(name, ()) if line <= head.line]
+        if set_lines:
+            line = max(set_lines)
+            set_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            pairs = [(value, written) for _, value, written in change.substitute]
+            return (trial, (Location(origin, path, line, text=set_text), location), "op:set",
+                    f"{head.description} printing the model's own text", _whitespace_change(pairs))
+    others = tuple(Location(origin, path, c.line, c.end_line if c.end_line != c.line else None, text=c.description)
+                   for c in group if c not in close)
+    scope = "everywhere" if change.message == -1 else "from the broken message on"
+    how = (f"{location.text} printing the model's own text for {len(change.substitute)} value(s)"
+           if change.substitute else " and ".join(c.description for c in group) + f" undone {scope}")
+    changes_seen = [(r.before, r.after) for c in group for r in ran.get(c.id, ())
+                    if isinstance(r.before, str) and isinstance(r.after, str) and r.before != r.after]
+    return trial, (location, *others), f"{head.kind}:{head.name}", how, _whitespace_change(changes_seen)
+
+
+def _covering(results: list[str], text: str, at: int) -> tuple[str, int] | None:
+    """A printed result whose occurrence in `text` holds character `at`, with that occurrence's start."""
+    for result in results:
+        start = text.find(result, max(0, at - len(result) + 1))
+        if 0 <= start <= at < start + len(result):
+            return result, start
+    return None
+
+
+def _printed(construct, runs: list) -> list[str]:
+    """What an op returned, or an output of a variable printed, where it differs from its input."""
+    if construct.kind == "op":
+        return [r.after for r in runs if isinstance(r.after, str) and len(r.after) > 1 and r.before != r.after]
+    if construct.kind == "output" and construct.receiver:  # a bare variable, not markup
+        return [r.before for r in runs if isinstance(r.before, str) and len(r.before) > 1]
+    return []
+
+
+def _reprinting_ops(boundary: Boundary, ran: dict[int, list], constructs) -> list[int]:
+    """Ops (and outputs of variables) whose printed result holds the first differing character of the next prompt."""
+    at = boundary.string_prefix.common
+    return [ident for ident, runs in ran.items()
+            if _covering(_printed(constructs[ident], runs), boundary.next_prompt.text, at) is not None]
+
+
+def _written_in_place(prev: str, nxt: str, start: int, printed: str, at: int) -> str | None:
+    """What the model wrote where the next prompt printed `printed` (at `start`, holding or ending at the break `at`):
+    prev[start:end], for the end after which the previous sequence goes on as the next prompt does after `printed`."""
+    after = nxt[start + len(printed):start + len(printed) + 40]
+    best_end, best = None, -1
+    for end in range(at, min(len(prev), at + len(printed) + 8) + 1):
+        score = common_prefix(prev[end:end + 40], after) if after else 0
+        if score > best or (end == len(prev) and best <= 0):
+            best_end, best = end, score
+    if best_end is None or (best <= 0 and best_end != len(prev)):
+        return None
+    return prev[start:best_end]
+
+
+def _markup_as_written(boundary: Boundary, ran: dict[int, list], constructs, undo_from: int
+                       ) -> list[tuple[int, UndoTemplate]]:
+    """Outputs of the template's own markup at the break (holding its first differing character, or ending right
+    before it), each printing instead what the model wrote there, when the two differ by a few characters only."""
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    at = boundary.string_prefix.common
+    found: list[tuple[int, UndoTemplate]] = []
+    for ident, runs in ran.items():
+        construct = constructs[ident]
+        if construct.kind != "output" or construct.receiver:
+            continue
+        for run in runs:
+            value = run.before
+            if not isinstance(value, str) or not value:
+                continue
+            starts = [start for start in (nxt.find(value, max(0, at - len(value) + 1)), at - len(value))
+                      if 0 <= start <= at and nxt.startswith(value, start)]
+            if not starts:
+                continue
+            written = _written_in_place(prev, nxt, starts[0], value, at)
+            if written is None or _change_size(value, written) > 16:
+                continue
+            found.append((ident, UndoTemplate(undo_from, substitute=((ident, value, written),), base=boundary)))
+            break
+    return found
+
+
+def _reprinted_as_written(boundary: Boundary, rerun: Rerun, ran: dict[int, list], constructs, ident: int,
+                          undo_from: int, rounds: int = 8) -> UndoTemplate | None:
+    """Substitute, value by value, the model's own text for what the op printed (from the break to where the two
+    sequences agree again), as long as each substitution moves the break on."""
+    results = _printed(constructs[ident], ran[ident])
+    prev = boundary.prev_text
+    substitute: dict[object, str] = {}
+    current, change = boundary, None
+    for _ in range(rounds):
+        at = current.string_prefix.common
+        covered = _covering([r for r in results if r not in substitute], current.next_prompt.text, at)
+        if covered is None:
+            break
+        result, start = covered
+        written = _written_in_place(prev, current.next_prompt.text, start, result, at)
+        if written is None:
+            break
+        substitute[result] = written
+        attempt = UndoTemplate(undo_from, substitute=tuple((ident, r, t) for r, t in substitute.items()),
+                               base=boundary)
+        moved = rerun(attempt)
+        if moved is None or moved.string_prefix.common <= at:
+            break
+        current, change = moved, attempt
+        if moved.string_prefix.holds:
+            break
+    return change
+
+
+def _candidate_groups(constructs, ran: dict[int, list], emit_line: int) -> list[tuple]:
+    """Constructs that ran for the broken messages, as undo groups, nearest the emitting line first: ops that changed
+    a value, then conditions, then outputs. An op is undone together with the same operation on the same expression
+    a few lines around it (`{% if content.strip() %}{{ content.strip() }}` is one construct)."""
+    ops: list[tuple] = []
+    conditions, outputs = [], []
+    for ident, runs in ran.items():
+        construct = constructs[ident]
+        if construct.kind == "op":
+            if any(r.before != r.after for r in runs):
+                twins = tuple(c for c in constructs if c.kind == "op" and c.name == construct.name
+                              and c.receiver == construct.receiver and abs(c.line - construct.line) <= 3)
+                if twins not in ops:
+                    ops.append(twins)
+        elif construct.kind == "condition":
+            conditions.append((construct,))
+        elif any(r.before not in ("", None) for r in runs):
+            outputs.append((construct,))
+
+    def distance(group: tuple) -> tuple[int, int]:
+        return (min(abs(c.line - emit_line) for c in group), group[0].line)
+
+    return [*sorted(ops, key=distance), *sorted(conditions, key=distance), *sorted(outputs, key=distance)]
+
+
+def _switch_groups(constructs, ran: set[int], switches: frozenset[str], aliases: dict[str, frozenset[str]]
+                   ) -> list[tuple]:
+    """For each template switch tested by conditions that ran, those conditions (a condition on a
+    variable set from the switch, like `effective_drop_thinking = drop_thinking`, tests the switch too)."""
+    from engine.render.constructs import derived_names
+
+    reach = {switch: derived_names(frozenset({switch}), aliases) for switch in switches}
+    on_switch: dict[str, list] = {}
+    for ident in sorted(ran):
+        construct = constructs[ident]
+        if construct.kind == "condition":
+            for switch, names in reach.items():
+                if construct.names & names:
+                    on_switch.setdefault(switch, []).append(construct)
+    return [tuple(group) for _, group in sorted(on_switch.items())]
+
+
+def _field_text(boundary: Boundary) -> dict[str, str]:
+    parse = boundary.parse
+    fields = {"reasoning": parse.reasoning or "", "content": parse.content or ""}
+    for i, call in enumerate(parse.tool_calls):
+        fields[f"call {i + 1} arguments"] = call.arguments
+    return fields
+
+
+def _template_kind(boundary: Boundary, construct_kind: str, whitespace_change: str,
+                   written: ParseResult | None) -> str:
+    """The kind of a template cause, from the construct (`op:trim`, `condition:if`, `output:output`) and what it did:
+    `whitespace_change` says the op's input and output differ only in whitespace ("trim", "normalise")."""
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    at = boundary.string_prefix.common
+    kind, _, name = construct_kind.partition(":")
+    reasoning_lost = _reasoning_lost_at_break(boundary)
+    if reasoning_lost and (kind in ("condition", "output") or name in ("split", "rsplit")):
+        return "reasoning-dropped"
+    if (boundary.completion.truncated and at >= len(prev) - 1) or _close_inserted(prev, nxt, at):
+        return "close-inserted"
+    if _call_id_at_break(boundary, written):
+        return "call-id-renumbered"
+    a, b = prev[at:at + 1], nxt[at:at + 1]
+    whitespace_at_break = (a.isspace() or not a) or (b.isspace() or not b)
+    if kind == "op":
+        if name in ("tojson", "string") or "json" in name:
+            return "args-reserialised"
+        if whitespace_change == "trim" and _inside_reasoning(boundary):
+            return "reasoning-trimmed"
+        if whitespace_change:
+            return "whitespace-normalised"
+        if name in ("split", "rsplit"):
+            return "content-dropped"
+        return "text-rewritten"
+    if _in_arguments(boundary):
+        return "args-reserialised"
+    if kind == "condition" and _model_field_at(boundary):
+        return "whitespace-normalised" if whitespace_at_break else "content-dropped"
+    return "scaffold-changed"
+
+
+def _whitespace_change(pairs: list[tuple[str, str]]) -> str:
+    """"trim" when each (before, after) differs only by whitespace at the ends, "normalise" when only by whitespace,
+    else ""."""
+    if not pairs or any(re.sub(r"\s+", "", a) != re.sub(r"\s+", "", b) for a, b in pairs):
+        return ""
+    trimmed = all(a.strip() == b.strip() and (a.strip() in (a, b) or b.strip() in (a, b) or
+                                              a.lstrip() in (a, b) or a.rstrip() in (a, b)) for a, b in pairs)
+    return "trim" if trimmed else "normalise"
+
+
+def _call_id_at_break(boundary: Boundary, written: ParseResult | None) -> bool:
+    """Whether the model's own tool-call id is at the break in the previous sequence."""
+    at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    text = boundary.completion.text
+    for call in written.tool_calls if written is not None else ():
+        if call.id:
+            start = text.find(call.id)
+            if start >= 0 and start <= at < start + len(call.id):
+                return True
+    return False
+
+
+def _reasoning_lost_at_break(boundary: Boundary) -> bool:
+    """Whether the previous sequence has a turn's reasoning at the break that the next prompt does not have at all."""
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    at = boundary.string_prefix.common
+    texts = [boundary.parse.reasoning or ""]
+    if boundary.next_request is not None:
+        texts += [m.get(key) or "" for m in boundary.next_request.messages if m.get("role") == "assistant"
+                  for key in ("reasoning_content", "reasoning", "thinking") if isinstance(m.get(key), str)]
+    for text in texts:
+        text = text.strip()
+        if len(text) < 8:
+            continue
+        start = prev.find(text, max(0, at - len(text) - 16))
+        if 0 <= start <= at + 40 and text not in nxt:
+            return True
+    return False
+
+
+CLOSE_TAGS = ("</think>", "<|end|>", "<|im_end|>", "<|return|>", "<|call|>", "</tool_call>",
+              "<|tool_calls_section_end|>", "<｜end▁of▁sentence｜>")
+
+
+def _close_inserted(prev: str, nxt: str, at: int) -> bool:
+    """The next prompt has a close tag at the break (its first characters may be common) that the model did not write
+    there or just after."""
+    for tag in CLOSE_TAGS:
+        for start in range(max(0, at - len(tag) + 1), at + 1):
+            if nxt.startswith(tag, start) and tag not in prev[start:start + len(tag) + 8]:
+                return True
+    return False
+
+
+def _inside_reasoning(boundary: Boundary) -> bool:
+    at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    reasoning = boundary.parse.reasoning or ""
+    text = boundary.completion.text
+    start = text.find(reasoning) if reasoning else -1
+    return start >= 0 and start - 2 <= at <= start + len(reasoning) + 2
+
+
+ARGUMENT_OPENS = ("<|tool_call_argument_begin|>", "<parameter=", "<arg_key>", "parameter name=", "json<|message|>")
+CALL_CLOSES = ("</tool_call>", "<|tool_call_end|>", "</｜DSML｜invoke>", "<|call|>")
+
+
+def _in_arguments(boundary: Boundary) -> bool:
+    """Whether the break is inside the arguments of a tool call the model wrote (after they opened, before the call
+    closed)."""
+    at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    if at < 0:
         return False
-    match = [b for b in cell.boundaries if b.index == index]
-    return bool(match) and match[0].holds
+    tail = boundary.completion.text[:at]
+    opened = max(tail.rfind(marker) for marker in ARGUMENT_OPENS)
+    closed = max(tail.rfind(marker) for marker in CALL_CLOSES)
+    return opened >= 0 and opened > closed
 
 
-def _fix_hint(model: LoadedModel, scenario: Scenario, engine: str, user_kwargs: dict, index: int,
-              stage: str) -> dict:
+def _model_field_at(boundary: Boundary) -> bool:
+    """Whether the model's own field text (not its markup) is at the break in the previous sequence."""
+    at = boundary.string_prefix.common - len(boundary.prev_prompt.text)
+    if at < 0:
+        return False
+    text = boundary.completion.text
+    for value in _field_text(boundary).values():
+        start = text.find(value) if value.strip() else -1
+        if start >= 0 and start <= at < start + len(value):
+            return True
+    return False
+
+
+def _changed_in_template(boundary: Boundary) -> str:
+    at = boundary.string_prefix.common
+    prev, nxt = boundary.prev_text, boundary.next_prompt.text
+    if at < len(boundary.prev_prompt.text):
+        return (f"the next prompt re-renders the previous prompt differently at character {at}: "
+                f"{_snippet(prev, at)!r} became {_snippet(nxt, at)!r}")
+    return f"the model wrote {_snippet(prev, at)!r}; the next prompt has {_snippet(nxt, at)!r}"
+
+
+# -- fix hints ---------------------------------------------------------------------------------------------------
+
+
+def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Cause) -> Fix:
+    """The first fix, in the order a practitioner would apply them, that a re-run proves."""
+    model = context.model
+    behaviour_changing: list[tuple[str, Any]] = []
     for kwarg in model.spec.template_kwargs:
         if not isinstance(kwarg.default, bool):
             continue
-        flipped = {**user_kwargs, kwarg.name: not kwarg.default}
-        if _boundary_holds(model, scenario.id, engine, flipped, index):
-            return {"kind": "kwarg", "kwarg": kwarg.name, "value": not kwarg.default,
-                    "text": f"set {kwarg.name}={'true' if not kwarg.default else 'false'}"}
-    if stage == "parser":
-        from engine.parsers import get_engine, list_engines
-
-        current = get_engine(engine).spec
-        for other in list_engines():
-            if other != current and _boundary_holds(model, scenario.id, other, user_kwargs, index):
-                return {"kind": "engine", "engine": other, "text": f"serve with {other}"}
-    return {"kind": "bridge", "engine": "bridge",
-            "text": "build the next prompt by appending to the previous token ids (bridge) instead of re-rendering"}
-
-
-def _edit_at_break(edits: list[Edit], boundary: Boundary) -> Edit:
-    """The parser step that lost the model's bytes where the prompts part.
-
-    An edit covers the break when its input contains the model's text at that offset; among those, the culprit is
-    one whose output no longer holds its input up to and including the break character (a step that only removed
-    markup after it kept that). Ties go to the narrowest input, whitespace-only inputs (found almost anywhere) last.
-    Request-side renames (`before` is a field path) never cover model text.
-    """
-    completion = boundary.completion.text
-    offset = boundary.string_prefix.common - len(boundary.prev_prompt.text)
-    ranked = []
-    for order, edit in enumerate(edits):
-        start = completion.find(edit.before) if edit.before else -1
-        while start != -1:
-            if start <= offset <= start + len(edit.before):
-                kept = edit.before[: offset - start + 1] in edit.after
-                ranked.append((kept, edit.before.isspace(), len(edit.before), order, edit))
-                break
-            start = completion.find(edit.before, start + 1)
-    if ranked:
-        return min(ranked, key=lambda item: item[:4])[4]
-    in_output = [e for e in edits if e.before and e.before in completion]
-    return (in_output or edits)[0]
+        value = not context.kwargs.get(kwarg.name, kwarg.default)
+        if kwarg.name in context.user_kwargs and context.user_kwargs[kwarg.name] == value:
+            continue
+        fixed = rerun(WithKwargs({kwarg.name: value}))
+        if fixed is None or not fixed.holds:
+            continue
+        if fixed.prev_prompt.text != boundary.prev_prompt.text:
+            # The flip changes the prompt the model answered (e.g. reasoning turned off): its behaviour, not only
+            # how its text comes back.
+            behaviour_changing.append((kwarg.name, value))
+            continue
+        return Fix("kwarg", f"set {kwarg.name}={'true' if value else 'false'}", kwarg=kwarg.name, value=value,
+                   proof=f"re-run with {kwarg.name}={str(value).lower()}: the boundary holds; the prompt the model "
+                         "answered is unchanged")
+    if cause.stage == "client":
+        setting = next(iter(context.scenario.client))
+        return Fix("client", f"send the assistant turn back whole ({setting}="
+                             f"{str(CLIENT_SETTINGS[setting]).lower()})", setting=setting,
+                   value=CLIENT_SETTINGS[setting], proof=cause.proof)
+    for other in _same_engine_versions(context):
+        fixed = rerun(WithEngine(other))
+        if fixed is not None and fixed.holds:
+            return Fix("engine", f"serve with {other}", engine=other,
+                       proof=f"re-run with {other}: the boundary holds")
+    if behaviour_changing:
+        name, value = behaviour_changing[0]
+        return Fix("kwarg", f"set {name}={'true' if value else 'false'} (this changes what the model is asked to do: "
+                            "nothing that keeps its text fixes the cell)", kwarg=name, value=value,
+                   proof=f"re-run with {name}={str(value).lower()}: the boundary holds, but the prompt the model "
+                         "answered changes", changes_behaviour=True)
+    bridged = rerun(WithEngine("bridge"))
+    proof = "re-run with the bridge: the boundary holds" if bridged is not None and bridged.holds else \
+        "re-run with the bridge: the next prompt's new messages do not render, so even the bridge does not hold"
+    return Fix("bridge", "build the next prompt by appending to the previous token ids (bridge) instead of "
+                         "re-rendering", engine="bridge", proof=proof)
 
 
-def _client_cause(model: LoadedModel, scenario: Scenario, engine: str, user_kwargs: dict, boundary: Boundary
-                  ) -> Cause | None:
-    """The scenario's client setting is the cause when the same cell with a client that echoes everything holds."""
-    if not scenario.client:
-        return None
-    default = replace(scenario, id=f"{scenario.id}~default-client", client={})
-    with local_scenario(default):
-        rerun = run_cell_with(model, default.id, engine, user_kwargs, explain=False, stop_after=boundary.index)
-    match = next((b for b in rerun.boundaries if b.index == boundary.index), None)
-    if match is None or not match.holds:
-        return None
-    setting, value = next(iter(scenario.client.items()))
-    source = SCENARIOS_DIR.parent / scenario.source
-    lines = source.read_text(encoding="utf-8").splitlines() if source.is_file() else []
-    line = next((n for n, text in enumerate(lines, 1) if text.strip().startswith(f"{setting}:")), 0)
-    return Cause(
-        stage="client", kind=f"client-{setting.replace('_', '-')}", location=f"{scenario.source}:{line}",
-        origin=f"client (scenario {scenario.id})",
-        detail=f"the client sends the assistant turn back with {setting}={value!r}; with a client that echoes what "
-               "the engine returned, this boundary holds",
-        fix={"kind": "client", "setting": setting, "value": CLIENT_SETTINGS[setting],
-             "text": f"send the assistant turn back whole ({setting}={str(CLIENT_SETTINGS[setting]).lower()})"},
-        line_text=lines[line - 1].strip() if line else "",
-    )
+def _same_engine_versions(context: BlameContext) -> list[str]:
+    """Other versions of the cell's engine that serve this model with the same parser names."""
+    if context.engine in ("raw", "bridge"):
+        return []
+    from engine.parsers import get_engine, list_engines
 
-
-def _classify_template(boundary: Boundary, at: int) -> str:
-    prev, nxt = boundary.prev_text, boundary.next_prompt.text
-    reasoning = boundary.parse.reasoning
-    if boundary.completion.truncated and at >= len(boundary.prev_prompt.text):
-        return "closes-truncated-output"
-    if reasoning and reasoning.strip() and reasoning.strip() not in nxt[len(boundary.prev_prompt.text) - 200:]:
-        return "reasoning-dropped"
-    a, b = prev[at:at + 1], nxt[at:at + 1]
-    if a.isspace() or b.isspace() or not a or not b:
-        return "whitespace-rewritten"
-    return "output-rewritten"
-
-
-def explain_break(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
-                  user_kwargs: dict[str, Any], boundaries: tuple[Boundary, ...], *, hints: bool = True) -> Cause:
-    """`hints=False` leaves `fix` None: the hint re-runs the cell once per kwarg and engine, which the fuzzer,
-    counting causes over thousands of conversations, does not need."""
-    boundary = _first_break(boundaries)
-    if boundary.string_prefix.holds:
-        fix = _fix_hint(model, scenario, engine, user_kwargs, boundary.index, "tokenizer") if hints else None
-        at = boundary.token_prefix.common if boundary.token_prefix else 0
-        prev_ids, next_ids = boundary.prev_ids or (), boundary.next_ids or ()
-        return Cause(
-            stage="tokenizer", kind="token-boundary",
-            location=f"{model.spec.assets['tokenizer'].hub_file}:0", origin=f"tokenizer {model.id}",
-            detail=(f"same text, different ids at token {at}: previous {list(prev_ids[at:at + 3])} vs next "
-                    f"{list(next_ids[at:at + 3])}; re-tokenizing the whole prompt does not give back the "
-                    "completion's own ids"),
-            fix=fix,
-        )
-    if engine not in ("raw", "bridge"):
-        raw = run_cell_with(model, scenario.id, "raw", user_kwargs, explain=False, stop_after=boundary.index)
-        raw_boundary = next((b for b in raw.boundaries if b.index == boundary.index), None)
-        edits = [e for e in (*boundary.parse.edits, *boundary.request_edits) if e.before != e.after]
-        if raw_boundary is not None and raw_boundary.string_prefix.holds and edits:
-            edit = _edit_at_break(edits, boundary)
-            loc = edit.location
-            return Cause(
-                stage="parser", kind=edit.step, location=str(loc), origin=loc.origin,
-                detail=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}",
-                fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "parser") if hints else None,
-            )
-    client = _client_cause(model, scenario, engine, user_kwargs, boundary)
-    if client is not None:
-        return client
-    at = boundary.string_prefix.common
-    rendered = boundary.next_prompt
-    pos = min(at, len(rendered.text) - 1)
-    # A break at the first character of an output chunk means the chunk before it ended early (a branch that
-    # left something out); blame the line that emitted that chunk.
-    if 0 < pos < len(rendered.text) and rendered.source_line[pos] != rendered.source_line[pos - 1]:
-        pos -= 1
-    line = rendered.source_line[pos] if pos >= 0 else 0
-    lines = model.renderer.source_lines()
-    line_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    prev_snip, next_snip = boundary.prev_text[at:at + 24], rendered.text[at:at + 24]
-    return Cause(
-        stage="template", kind=_classify_template(boundary, at),
-        location=f"{rendered.source_path}:{line}", origin=rendered.origin,
-        detail=f"at char {at}: previous {prev_snip!r} vs next {next_snip!r}; emitted by: {line_text[:120]}",
-        fix=_fix_hint(model, scenario, engine, user_kwargs, boundary.index, "template") if hints else None,
-        line_text=line_text,
-    )
+    current = get_engine(context.engine)
+    parsers = context.model.spec.engine_parsers.get(current.name, {})
+    others = []
+    for spec in list_engines():
+        other = get_engine(spec)
+        if other.name != current.name or other.spec == current.spec:
+            continue
+        if parsers.get("reasoning_parser") and parsers["reasoning_parser"] not in other.reasoning_parsers:
+            continue
+        if parsers.get("tool_call_parser") and parsers["tool_call_parser"] not in other.tool_parsers:
+            continue
+        others.append(spec)
+    return others

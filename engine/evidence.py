@@ -350,11 +350,14 @@ def cell_markdown(cell: CellResult, model: LoadedModel, context: int = 8) -> str
                                                    f"{focus.prefill_tokens}" if focus.token_prefix else ""))
     if cell.cause:
         c = cell.cause
-        out += ["", f"**Cause** ({c.stage}, {c.kind}): `{c.location}` in {c.origin}", "", c.detail]
+        out += ["", f"**Cause** ({c.stage}, {c.kind}: {c.explanation}): `{c.location}` in {c.origin}", "", c.changed]
         if c.line_text:
             out += ["", _fence(c.line_text)]
+        out += [f"- {'emitted at' if n else 'changed by'} `{loc}`: `{loc.text}`" for n, loc in
+                enumerate(c.locations)]
+        out += ["", f"Proof: {c.proof}"]
         if c.fix:
-            out += ["", f"**Fix**: {c.fix.get('text')}"]
+            out += ["", f"**Fix**: {c.fix.text} ({c.fix.proof})"]
     view = break_view(model, focus, context)
     out += ["", f"Previous prompt + completion, from char {view.prev.char_start} (break at {view.first_char}):", "",
             _fence(visible(view.prev.text)), "", f"Next prompt, from char {view.next.char_start}:", "",
@@ -384,7 +387,7 @@ def matrix_markdown(cells: list[CellResult]) -> str:
         row = [s] + [cell_label(by_key[(s, m, e)]) if (s, m, e) in by_key else "" for m in models for e in engines]
         rows.append("| " + " | ".join(row) + " |")
     causes = [f"- {c.model} · {c.scenario} · {engine_spec(c)}: {c.cause.stage} {c.cause.location} ({c.cause.kind}); "
-              f"fix: {c.cause.fix['text'] if c.cause.fix else '—'}" for c in cells if c.cause]
+              f"fix: {c.cause.fix.text if c.cause.fix else '—'}" for c in cells if c.cause]
     return "\n".join(rows) + "\n\n" + "\n".join(causes) + "\n"
 
 
@@ -450,11 +453,13 @@ def cell_html_section(cell: CellResult, model: LoadedModel, context: int = 8) ->
         return "\n".join(out)
     if cell.cause:
         c = cell.cause
-        fix = f"<br><b>Fix:</b> {html.escape(str(c.fix.get('text')))}" if c.fix else ""
+        fix = f"<br><b>Fix:</b> {html.escape(c.fix.text)} ({html.escape(c.fix.proof)})" if c.fix else ""
         line = f"<pre>{html.escape(c.line_text)}</pre>" if c.line_text else ""
-        out.append(f"<div class='cause'><b>Cause</b> ({html.escape(c.stage)}, {html.escape(c.kind)}): "
-                   f"<code>{html.escape(c.location)}</code> in {html.escape(c.origin)}<br>{html.escape(c.detail)}"
-                   f"{line}{fix}</div>")
+        emitted = "".join(f"<br>emitted at <code>{html.escape(str(loc))}</code>: <code>{html.escape(loc.text)}</code>"
+                          for loc in c.locations[1:])
+        out.append(f"<div class='cause'><b>Cause</b> ({html.escape(c.stage)}, {html.escape(c.kind)}: "
+                   f"{html.escape(c.explanation)}): <code>{html.escape(c.location)}</code> in {html.escape(c.origin)}"
+                   f"<br>{html.escape(c.changed)}{line}{emitted}<br>Proof: {html.escape(c.proof)}{fix}</div>")
     view = break_view(model, focus, context)
     s = focus.string_prefix
     out.append(f"<p>Boundary {focus.index}: first difference at char {view.first_char} ({s.common}/{s.prev_len} "
@@ -497,7 +502,7 @@ def matrix_csv(cells: list[CellResult]) -> str:
                          f.reused_tokens if f and f.reused_tokens is not None else "",
                          f.prefill_tokens if f and f.prefill_tokens is not None else "",
                          c.cause.stage if c.cause else "", c.cause.kind if c.cause else "",
-                         c.cause.location if c.cause else "", (c.cause.fix or {}).get("text", "") if c.cause else ""])
+                         c.cause.location if c.cause else "", c.cause.fix.text if c.cause and c.cause.fix else ""])
     return buf.getvalue()
 
 

@@ -247,14 +247,13 @@ def _init_worker(model_id: str, engine: str, seed: int) -> None:
 def run_one(model_id: str, engine: str, seed: int, index: int) -> FuzzOutcome:
     """One conversation through the simulator; never raises (a crash becomes an error outcome naming it)."""
     from engine.models import load_model
-    from engine.simulate import local_scenario, run_cell_with
+    from engine.simulate import run_cell_with
 
     model = load_model(model_id)
     try:
         scenario = random_scenario(model.spec.family, seed, index)
-        with local_scenario(scenario):
-            # The cause, not its fix hint: the hint re-runs the conversation once per kwarg and engine.
-            cell = run_cell_with(model, scenario.id, engine, {}, hints=False)
+        # The cause, not its fix hint: the hint re-runs the conversation once per kwarg and engine.
+        cell = run_cell_with(model, scenario, engine, {}, hints=False)
     except Exception as err:  # noqa: BLE001 - one bad conversation must not end a run of thousands
         return FuzzOutcome(index, "error", 0, None, 0, ("crash", type(err).__name__, ""), "",
                            f"conversation {index} crashed the simulator: {type(err).__name__}: {err}")

@@ -8,109 +8,39 @@ previous prompt + completion with the next prompt (string and token longest comm
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
 from engine.formats import Completion, get_format
+from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
-from engine.types import Edit, ParseResult, Provenance, Rendered
+from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
+    Boundary,
+    Cause,
+    CellResult,
+    Change,
+    EchoingClient,
+    Edit,
+    ParseResult,
+    PrefixCheck,
+    Provenance,
+    Rendered,
+    RenderRequest,
+    Status,
+    UndoRequestEdit,
+    UndoTemplate,
+    UseParse,
+    WithEngine,
+    WithKwargs,
+)
 
 ENGINES = ("vllm", "sglang", "raw", "bridge")
-
-
-@dataclass(frozen=True)
-class PrefixCheck:
-    prev_len: int
-    common: int
-
-    @property
-    def holds(self) -> bool:
-        return self.common == self.prev_len
-
-    def to_json(self) -> dict:
-        return {"prev_len": self.prev_len, "common": self.common, "holds": self.holds}
-
-
-@dataclass(frozen=True)
-class Boundary:
-    index: int  # 1-based request boundary
-    trigger: str  # what the client appended: "tool" or "user"
-    prev_prompt: Rendered
-    completion: Completion
-    completion_ids: tuple[int, ...] | None
-    prev_prompt_ids: tuple[int, ...] | None
-    parse: ParseResult
-    request_edits: tuple[Edit, ...]
-    next_prompt: Rendered
-    next_ids: tuple[int, ...] | None
-    string_prefix: PrefixCheck
-    token_prefix: PrefixCheck | None
-
-    @property
-    def prev_text(self) -> str:
-        return self.prev_prompt.text + self.completion.text
-
-    @property
-    def prev_ids(self) -> tuple[int, ...] | None:
-        if self.prev_prompt_ids is None or self.completion_ids is None:
-            return None
-        return self.prev_prompt_ids + self.completion_ids
-
-    @property
-    def holds(self) -> bool:
-        return self.string_prefix.holds and (self.token_prefix is None or self.token_prefix.holds)
-
-    @property
-    def reused_tokens(self) -> int | None:
-        return self.token_prefix.common if self.token_prefix else None
-
-    @property
-    def prefill_tokens(self) -> int | None:
-        return len(self.next_ids) - self.token_prefix.common if self.token_prefix and self.next_ids else None
-
-
-@dataclass(frozen=True)
-class Cause:
-    stage: str  # parser | template | tokenizer | client
-    kind: str
-    location: str  # path:line[-line]
-    origin: str
-    detail: str
-    fix: dict | None
-    line_text: str = ""
-
-    def to_json(self) -> dict:
-        return {"stage": self.stage, "kind": self.kind, "location": self.location, "origin": self.origin,
-                "detail": self.detail, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class CellResult:
-    model: str
-    scenario: str
-    engine: str
-    engine_version: str
-    kwargs: dict[str, Any]
-    status: str  # holds | breaks | error | unavailable
-    boundaries: tuple[Boundary, ...] = ()
-    cause: Cause | None = None
-    note: str | None = None  # why a cell is error/unavailable, or why token level is missing
-    asset_hashes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def focus(self) -> Boundary | None:
-        """The boundary whose figures the cell shows: the first that breaks, else the last."""
-        for b in self.boundaries:
-            if not b.holds:
-                return b
-        return self.boundaries[-1] if self.boundaries else None
 
 
 def _engine_parts(engine: str) -> tuple[str, str]:
@@ -134,6 +64,26 @@ def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: 
             for c, cid in zip(parsed.tool_calls, call_ids)
         ]
     return message
+
+
+def undo_request_edit(prepared: list[dict], client_messages: list[dict], edit: Edit) -> list[dict]:
+    """The engine's prepared messages with one request-side edit undone: the field it changed back as the client
+    sent it (a call's arguments string; a message's reasoning fields)."""
+    from engine.parsers.base import json_copy
+
+    restored = json_copy(prepared)
+    for index, (message, original) in enumerate(zip(restored, client_messages)):
+        if edit.before.startswith(f"messages[{index}]."):
+            for key in ("reasoning", "reasoning_content"):
+                message.pop(key, None)
+                if key in original:
+                    message[key] = original[key]
+            continue
+        for call, original_call in zip(message.get("tool_calls") or [], original.get("tool_calls") or []):
+            arguments = original_call.get("function", {}).get("arguments")
+            if arguments == edit.before:
+                call["function"]["arguments"] = arguments
+    return restored
 
 
 def raw_request(messages: list[dict], arguments_in_history: str) -> list[dict]:
@@ -182,6 +132,7 @@ def _ids(model: LoadedModel, text: str) -> tuple[int, ...] | None:
 
 @lru_cache(maxsize=4096)
 def _cached_cell(model_id: str, scenario_id: str, engine: str, kwargs_json: str, explain: bool) -> CellResult:
+    # Only scenarios by id are cached: an in-memory scenario is somebody's data, not a name.
     return run_cell_with(load_model(model_id), scenario_id, engine, json.loads(kwargs_json), explain=explain)
 
 
@@ -191,48 +142,101 @@ def run_cell(model_id: str, scenario_id: str, engine: str, kwargs: dict[str, Any
     return _cached_cell(model_id, scenario_id, engine, json.dumps(kwargs or {}, sort_keys=True), explain)
 
 
-_LOCAL_SCENARIOS: dict[str, Scenario] = {}
+@dataclass(frozen=True)
+class _Overrides:
+    """One counterfactual applied to a re-run: at boundary `index`, the engine's parse replaced, or one request-side
+    edit undone."""
+
+    index: int
+    parse: ParseResult | None = None
+    request_undo: Edit | None = None
 
 
-@contextmanager
-def local_scenario(scenario: Scenario) -> Iterator[None]:
-    """Run an in-memory scenario (a fuzzed one) by its id: cause attribution re-runs cells by scenario id."""
-    _LOCAL_SCENARIOS[scenario.id] = scenario
-    try:
-        yield
-    finally:
-        _LOCAL_SCENARIOS.pop(scenario.id, None)
-
-
-def run_cell_with(model: LoadedModel, scenario_id: str, engine: str, user_kwargs: dict[str, Any], *,
-                  explain: bool = True, hints: bool = True, stop_after: int | None = None) -> CellResult:
-    """A cell for an already loaded model (e.g. one with a custom template); not cached. `hints=False`: the
-    cause without its fix hint (engine.blame.explain_break). `stop_after=N`: only boundaries 1..N are computed
-    (cause attribution asks whether one boundary holds), and the status is about those."""
+def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, user_kwargs: dict[str, Any], *,
+                  explain: bool = True, hints: bool = True, stop_after: int | None = None,
+                  overrides: _Overrides | None = None) -> CellResult:
+    """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
+    fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
+    `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
+    status is about those."""
     model_id = model.id
-    scenario = _LOCAL_SCENARIOS.get(scenario_id) or load_scenario(scenario_id)
+    if isinstance(scenario, str):
+        scenario = load_scenario(scenario)
     kwargs = {**model.spec.default_kwargs(), **scenario.kwargs, **user_kwargs}
     try:
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
-        return CellResult(model_id, scenario_id, engine, "", kwargs, "unavailable", note=str(err))
-    base = dict(model=model_id, scenario=scenario_id, engine=engine_name, engine_version=version, kwargs=kwargs,
+        return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
+    base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
     try:
-        boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after)
+        boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides)
     except _Unavailable as err:
-        return CellResult(**base, status="unavailable", note=str(err))
+        return CellResult(**base, status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
-        return CellResult(**base, status="error", boundaries=err.boundaries, note=str(err))
+        return CellResult(**base, status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
     if all(b.holds for b in boundaries):
-        return CellResult(**base, status="holds", boundaries=boundaries, note=note)
+        return CellResult(**base, status=Status.HOLDS, boundaries=boundaries, note=note)
     cause = None
     if explain:
-        from engine.blame import explain_break
+        from engine.blame import BlameContext, explain_break
 
-        cause = explain_break(model, scenario, engine, kwargs, user_kwargs, boundaries, hints=hints)
-    return CellResult(**base, status="breaks", boundaries=boundaries, cause=cause, note=note)
+        broken = next(b for b in boundaries if not b.holds)
+        context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
+        cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
+    return CellResult(**base, status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+
+
+def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | None]:
+    """What blame is given: the breaking boundary again, with one change applied (None: the re-run did not get that
+    far, e.g. the changed request was refused)."""
+    model, scenario, engine, user_kwargs = context.model, context.scenario, context.engine, context.user_kwargs
+
+    def boundary_of(cell: CellResult) -> Boundary | None:
+        return next((b for b in cell.boundaries if b.index == broken.index), None)
+
+    def rerun(change: Change) -> Boundary | None:
+        index = broken.index
+        if isinstance(change, UndoTemplate):
+            return _rerender(model, change.base or broken, change)
+        if isinstance(change, UseParse):
+            return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
+                                             overrides=_Overrides(index, parse=change.parse)))
+        if isinstance(change, UndoRequestEdit):
+            return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
+                                             overrides=_Overrides(index, request_undo=change.edit)))
+        if isinstance(change, EchoingClient):
+            echoing = replace(scenario, client={})
+            return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index))
+        if isinstance(change, WithKwargs):
+            return boundary_of(run_cell_with(model, scenario, engine, {**user_kwargs, **change.kwargs},
+                                             explain=False, stop_after=index))
+        if isinstance(change, WithEngine):
+            return boundary_of(run_cell_with(model, scenario, change.engine, user_kwargs, explain=False,
+                                             stop_after=index))
+        raise TypeError(f"unknown change {change!r}")
+
+    return rerun
+
+
+def _rerender(model: LoadedModel, broken: Boundary, change: UndoTemplate) -> Boundary | None:
+    """The next prompt rendered again with template constructs undone for one message; the rest is unchanged."""
+    request = broken.next_request
+    counterfactual = getattr(model.renderer, "render_counterfactual", None)
+    if request is None or counterfactual is None:
+        return None
+    try:
+        substitute: dict[int, dict[str, str]] = {}
+        for ident, result, written in change.substitute:
+            substitute.setdefault(ident, {})[result] = written
+        text, _ = counterfactual(request, undo_from=change.message, undo=change.constructs, substitute=substitute)
+    except RenderError:
+        return None
+    next_prompt = Rendered(text=text, source_path=broken.next_prompt.source_path, origin=broken.next_prompt.origin,
+                           provenance=lambda: ((-1,) * len(text), (0,) * len(text)))
+    string_check = PrefixCheck(len(broken.prev_text), common_prefix(broken.prev_text, text))
+    return replace(broken, next_prompt=next_prompt, next_ids=None, string_prefix=string_check, token_prefix=None)
 
 
 class _Unavailable(ExplorerError):
@@ -246,7 +250,7 @@ class _Failed(ExplorerError):
 
 
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict,
-               stop_after: int | None = None) -> tuple[Boundary, ...]:
+               stop_after: int | None = None, overrides: _Overrides | None = None) -> tuple[Boundary, ...]:
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     emulation = None
@@ -263,6 +267,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     call_ids: list[str] = []
     call_cursor = 0
     calls_so_far = 0
+    last_request: list[RenderRequest | None] = [None]  # what the latest render was given
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
         edits: tuple[Edit, ...] = ()
@@ -272,11 +277,16 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
+            if overrides is not None and overrides.request_undo is not None and len(boundaries) + 1 == overrides.index:
+                to_render = undo_request_edit(to_render, messages, overrides.request_undo)
+                edits = tuple(e for e in edits if e != overrides.request_undo)
         else:
             to_render = raw_request(messages, fmt.arguments_in_history)
         try:
-            return model.renderer.render(to_render, scenario.tools, add_generation_prompt=generation_prompt,
-                                         kwargs=kwargs), edits
+            rendered = model.renderer.render(to_render, scenario.tools, add_generation_prompt=generation_prompt,
+                                             kwargs=kwargs)
+            last_request[0] = RenderRequest(to_render, scenario.tools, generation_prompt, kwargs)
+            return rendered, edits
         except RenderError as err:
             raise _Failed(str(err), tuple(boundaries)) from err
 
@@ -290,7 +300,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             if pending is not None:
                 try:
                     boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                      turn.role))
+                                                      turn.role, last_request))
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
@@ -318,7 +328,9 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             if parsed.error:
                 raise _Failed(f"{emulation.origin}: {parsed.error}", tuple(boundaries))
         else:
-            parsed = fmt.raw_parse(completion.parser_text)
+            parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
+        if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
+            parsed = overrides.parse
         spec_ids = [c.call_id for c in turn.assistant.tool_calls]
         call_ids = [c.id or (spec_ids[i] if i < len(spec_ids) and spec_ids[i] else f"call_{calls_so_far + i}")
                     for i, c in enumerate(parsed.tool_calls)]
@@ -329,7 +341,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     return tuple(boundaries)
 
 
-def _close_boundary(model, engine, history, pending, render, index, trigger) -> Boundary:
+def _close_boundary(model, engine, history, pending, render, index, trigger, last_request) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
@@ -344,7 +356,7 @@ def _close_boundary(model, engine, history, pending, render, index, trigger) -> 
     if prev_ids is not None and next_ids is not None:
         token_check = PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids))
     return Boundary(index, trigger, prompt, completion, completion_ids, prompt_ids, parsed, request_edits,
-                    next_prompt, next_ids, string_check, token_check)
+                    next_prompt, next_ids, string_check, token_check, last_request[0])
 
 
 def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, rendered_next: Rendered,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -160,3 +162,239 @@ class Tokens:
     ids: tuple[int, ...]
     offsets: tuple[tuple[int, int], ...]
     text: str = field(repr=False, default="")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # everything the model emitted, stop token included when it stopped
+    stop_token: str | None  # None when truncated by max_tokens
+    truncated: bool
+
+    @property
+    def parser_text(self) -> str:
+        """What the engine's parsers see: the engine drops the stop token from the returned text."""
+        return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
+
+
+@dataclass(frozen=True)
+class PrefixCheck:
+    prev_len: int
+    common: int
+
+    @property
+    def holds(self) -> bool:
+        return self.common == self.prev_len
+
+    def to_json(self) -> dict:
+        return {"prev_len": self.prev_len, "common": self.common, "holds": self.holds}
+
+
+@dataclass(frozen=True)
+class Boundary:
+    index: int  # 1-based request boundary
+    trigger: str  # what the client appended: "tool" or "user"
+    prev_prompt: Rendered
+    completion: Completion
+    completion_ids: tuple[int, ...] | None
+    prev_prompt_ids: tuple[int, ...] | None
+    parse: ParseResult
+    request_edits: tuple[Edit, ...]
+    next_prompt: Rendered
+    next_ids: tuple[int, ...] | None
+    string_prefix: PrefixCheck
+    token_prefix: PrefixCheck | None
+    next_request: RenderRequest | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def prev_text(self) -> str:
+        return self.prev_prompt.text + self.completion.text
+
+    @property
+    def prev_ids(self) -> tuple[int, ...] | None:
+        if self.prev_prompt_ids is None or self.completion_ids is None:
+            return None
+        return self.prev_prompt_ids + self.completion_ids
+
+    @property
+    def holds(self) -> bool:
+        return self.string_prefix.holds and (self.token_prefix is None or self.token_prefix.holds)
+
+    @property
+    def reused_tokens(self) -> int | None:
+        return self.token_prefix.common if self.token_prefix else None
+
+    @property
+    def prefill_tokens(self) -> int | None:
+        return len(self.next_ids) - self.token_prefix.common if self.token_prefix and self.next_ids else None
+
+
+# The closed set of cause kinds, each with the sentence a cell shows for it.
+CAUSE_KINDS: dict[str, str] = {
+    "reasoning-dropped": "the model's reasoning is missing from the next prompt",
+    "reasoning-trimmed": "whitespace around the model's reasoning was removed or added",
+    "content-dropped": "text the model wrote as content is missing from the next prompt",
+    "text-rewritten": "the model's text was rewritten (a filter or method changed its characters)",
+    "whitespace-normalised": "whitespace the model wrote was removed, added or replaced",
+    "close-inserted": "a close the model did not write (</think>, an end-of-turn after max_tokens) is inserted",
+    "scaffold-changed": "the template's own markup (headers, tags, newlines) differs from what the model emitted",
+    "args-reserialised": "the tool-call arguments were written again (spacing, key order, escapes, type markers)",
+    "args-type-coerced": "a tool-call argument changed type (e.g. the model wrote 1.0, the parser returned 1)",
+    "args-dropped": "the tool-call arguments were replaced (e.g. by {})",
+    "call-id-renumbered": "the tool-call id in the next prompt is not the one the model wrote",
+    "call-lost": "a tool call the model wrote is missing from the next prompt",
+    "content-null": "an empty answer came back as null (or the reverse) and renders differently",
+    "retokenised": "the text is the same, but re-tokenizing it does not give back the model's own token ids",
+    "client-dropped-field": "the client sent the assistant turn back without a field the engine returned",
+}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change a user can make, proved by re-running the cell with it (`proof`)."""
+
+    kind: str  # kwarg | engine | client | bridge
+    text: str
+    kwarg: str | None = None
+    value: Any = None
+    engine: str | None = None
+    setting: str | None = None
+    proof: str = ""
+    changes_behaviour: bool = False  # e.g. turning reasoning off: offered only when nothing else fixes the cell
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "kwarg":
+            out.update(kwarg=self.kwarg, value=self.value)
+        elif self.kind in ("engine", "bridge"):
+            out.update(engine=self.engine)
+        elif self.kind == "client":
+            out.update(setting=self.setting, value=self.value)
+        out.update(text=self.text, proof=self.proof, changes_behaviour=self.changes_behaviour)
+        return out
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a boundary breaks: the change to the model's text whose undo keeps the prefix (or moves the break furthest).
+
+    `locations[0]` is the construct that changed the text (a filter, a condition, a parser step); the place that
+    emitted the differing character follows when it is elsewhere. `proof` says what the re-run with the change undone
+    gave; `changed` says in one sentence what the model wrote against what the next prompt has.
+    """
+
+    stage: str  # parser | template | tokenizer | client
+    kind: str  # a key of CAUSE_KINDS
+    locations: tuple[Location, ...]
+    changed: str
+    fix: Fix | None
+    proof: str = ""
+    detail: str = ""
+    # The parser or request-side step blamed, for the cause card's before/after (stage "parser" only).
+    edit: Edit | None = None
+
+    @property
+    def location(self) -> str:
+        return str(self.locations[0])
+
+    @property
+    def origin(self) -> str:
+        return self.locations[0].origin
+
+    @property
+    def line_text(self) -> str:
+        return self.locations[0].text
+
+    @property
+    def explanation(self) -> str:
+        return CAUSE_KINDS.get(self.kind, "")
+
+    def to_json(self) -> dict:
+        return {"stage": self.stage, "kind": self.kind, "location": self.location, "origin": self.origin,
+                "detail": self.detail, "fix": self.fix.to_json() if self.fix else None,
+                "locations": [{"origin": loc.origin, "path": loc.path, "line": loc.line, "end_line": loc.end_line,
+                               "text": loc.text} for loc in self.locations],
+                "changed": self.changed, "proof": self.proof, "explanation": self.explanation}
+
+
+class Status(StrEnum):
+    HOLDS = "holds"
+    BREAKS = "breaks"
+    ERROR = "error"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    """What a renderer was given for one prompt, kept so that blame can render it again with one construct undone."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    add_generation_prompt: bool
+    kwargs: dict
+
+
+# Counterfactuals: one change to a cell, undone. Blame asks a re-run function (given by the simulator) for the
+# boundary with the change applied.
+@dataclass(frozen=True)
+class UseParse:
+    """The breaking turn's engine result replaced (one parser edit undone, or one field as the model wrote it)."""
+
+    parse: ParseResult
+
+
+@dataclass(frozen=True)
+class UndoRequestEdit:
+    edit: Edit
+
+
+@dataclass(frozen=True)
+class UndoTemplate:
+    """Template constructs undone while the template renders message `message` of the next prompt, or a later one."""
+
+    message: int
+    constructs: frozenset[int] = frozenset()
+    # (construct id, a result it gave, the model's own text to give instead)
+    substitute: tuple[tuple[int, str, str], ...] = ()
+    # The boundary whose next request is rendered (default: the breaking one), e.g. a re-run with the engine's result
+    # replaced by the model's fields as written.
+    base: Boundary | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class EchoingClient:
+    """The client sends back everything the engine returned."""
+
+
+@dataclass(frozen=True)
+class WithKwargs:
+    kwargs: dict
+
+
+@dataclass(frozen=True)
+class WithEngine:
+    engine: str
+
+
+Change = UseParse | UndoRequestEdit | UndoTemplate | EchoingClient | WithKwargs | WithEngine
+
+
+@dataclass(frozen=True)
+class CellResult:
+    model: str
+    scenario: str
+    engine: str
+    engine_version: str
+    kwargs: dict[str, Any]
+    status: Status
+    boundaries: tuple[Boundary, ...] = ()
+    cause: Cause | None = None
+    note: str | None = None  # why a cell is error/unavailable, or why token level is missing
+    asset_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def focus(self) -> Boundary | None:
+        """The boundary whose figures the cell shows: the first that breaks, else the last."""
+        for b in self.boundaries:
+            if not b.holds:
+                return b
+        return self.boundaries[-1] if self.boundaries else None

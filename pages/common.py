@@ -88,6 +88,8 @@ def _from(message_index: int, line: int) -> str:
 
 
 def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
+    """The construct that changed the model's text first, then where the differing character was emitted, what changed,
+    the re-run that proves it, and the fix (itself proved by a re-run)."""
     cause = cell.cause
     if cause is None:
         return
@@ -95,25 +97,31 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
         url = cause_url(cause, model)
         location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
         st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
-        st.write(cause.detail)
+        st.caption(cause.explanation)
+        st.text(cause.changed)
+        if cause.line_text:
+            st.code(cause.line_text, language=None)
         if cause.stage == "template":
             _template_lines(model, cause.location)
-        elif cause.stage == "parser" and cell.focus is not None:
-            edits = [e for e in (*cell.focus.parse.edits, *cell.focus.request_edits) if str(e.location) ==
-                     cause.location.split(" ")[0]]
-            for edit in edits[:1]:
-                cols = st.columns(2)
-                cols[0].caption("engine was given")
-                cols[0].code(visible(edit.before) or "(empty)", language=None)
-                cols[1].caption("engine returned")
-                cols[1].code(visible(edit.after) or "(empty)", language=None)
+            for emitted in cause.locations[1:]:
+                st.markdown(f"Emitted at `{emitted}`:")
+                st.code(emitted.text, language=None)
+        elif cause.edit is not None:
+            cols = st.columns(2)
+            cols[0].caption("engine was given")
+            cols[0].code(visible(cause.edit.before) or "(empty)", language=None)
+            cols[1].caption("engine returned")
+            cols[1].code(visible(cause.edit.after) or "(empty)", language=None)
+        st.caption(f"Proof: {cause.proof}")
         if cause.fix:
-            label = f"Apply fix: {cause.fix.get('text')}"
+            fix = cause.fix
+            label = f"Apply fix: {fix.text}"
             # A client fix is the caller's to make: the scenario defines how its client behaves.
-            if apply_fix is None or cause.fix.get("kind") not in ("kwarg", "engine", "bridge"):
-                st.markdown(f"**Fix:** {cause.fix.get('text')}")
+            if apply_fix is None or fix.kind not in ("kwarg", "engine", "bridge"):
+                st.markdown(f"**Fix:** {fix.text}")
             else:
-                st.button(label, key=f"{key}:fix", on_click=apply_fix, args=(cause.fix,), type="primary")
+                st.button(label, key=f"{key}:fix", on_click=apply_fix, args=(fix.to_json(),), type="primary")
+            st.caption(f"Fix proof: {fix.proof}")
 
 
 def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
@@ -121,10 +129,11 @@ def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
     if not line_part.split("-")[0].isdigit():
         return
     line = int(line_part.split("-")[0])
+    end = int(line_part.split("-")[1]) if "-" in line_part and line_part.split("-")[1].isdigit() else line
     lines = model.renderer.source_lines()
-    lo, hi = max(1, line - around), min(len(lines), line + around)
+    lo, hi = max(1, line - around), min(len(lines), end + around)
     rows = "".join(
-        f"<tr style='{'background:#fff8c5;font-weight:600' if n == line else ''}'><td>{n}</td>"
+        f"<tr style='{'background:#fff8c5;font-weight:600' if line <= n <= end else ''}'><td>{n}</td>"
         f"<td class='tok'>{html.escape(lines[n - 1])}</td></tr>" for n in range(lo, hi + 1))
     st.html(f"<table>{rows}</table>")
 

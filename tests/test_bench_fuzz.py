@@ -17,7 +17,7 @@ from engine.cli import main
 from engine.fuzz import FuzzOutcome, random_scenario, run_fuzz, summarize, wilson
 from engine.models import default_model_ids, load_model, load_spec
 from engine.scenario import scenario_ids
-from engine.simulate import local_scenario, run_cell_with
+from engine.simulate import run_cell_with
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,9 +70,8 @@ def test_fuzz_causes_are_the_simulators_own(engine: str) -> None:
     compared = 0
     for index in range(12):
         scenario = random_scenario(model.spec.family, 11, index)
-        with local_scenario(scenario):
-            fast = run_cell_with(model, scenario.id, engine, {}, hints=False)
-            full = run_cell_with(model, scenario.id, engine, {})
+        fast = run_cell_with(model, scenario, engine, {}, hints=False)
+        full = run_cell_with(model, scenario, engine, {})
         assert fast.status == full.status
         if full.cause is not None:
             compared += 1

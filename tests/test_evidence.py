@@ -118,8 +118,10 @@ def test_markdown_shows_both_sides_with_visible_whitespace_and_the_cause(qwen_br
     cell, model = qwen_break
     text = cell_markdown(cell, model)
     assert text.startswith("### qwen3.6 × next-user-turn × vllm@0.33.0: breaks\n")
-    assert "**Cause** (template, reasoning-dropped): `Qwen-Qwen3.6-35B-A3B.jinja:114`" in text
-    assert "**Fix**: set preserve_thinking=true" in text
+    assert ("**Cause** (template, reasoning-dropped: the model's reasoning is missing from the next prompt): "
+            "`Qwen-Qwen3.6-35B-A3B.jinja:100-103`") in text
+    assert "- emitted at `Qwen-Qwen3.6-35B-A3B.jinja:114`: `{{- '<tool_call>\\n<function=' + tool_call.name + " in text
+    assert "**Fix**: set preserve_thinking=true (re-run with preserve_thinking=true: the boundary holds" in text
     assert "<|im_start|>assistant↵\n<think>↵" in text  # previous side, whitespace visible
     assert "| 1009 **≠** | 248068 | `<think>` | 248058 | `<tool_call>` |" in text
 
@@ -130,7 +132,8 @@ def test_html_is_self_contained_and_marks_the_first_token(qwen_break) -> None:
     assert page.startswith("<!doctype html>")
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert page.count("class='first'") == 1
-    assert "Qwen-Qwen3.6-35B-A3B.jinja:114" in page
+    assert "<code>Qwen-Qwen3.6-35B-A3B.jinja:100-103</code>" in page
+    assert "emitted at <code>Qwen-Qwen3.6-35B-A3B.jinja:114</code>" in page
 
 
 def test_matrix_csv_has_one_row_per_cell() -> None:
@@ -139,7 +142,7 @@ def test_matrix_csv_has_one_row_per_cell() -> None:
     assert [(r["scenario"], r["engine"], r["status"]) for r in rows] == [
         ("tool-call", "raw", "holds"), ("tool-call", "bridge", "holds"),
         ("next-user-turn", "raw", "breaks"), ("next-user-turn", "bridge", "holds")]
-    assert rows[2]["cause_location"] == "Qwen-Qwen3.6-35B-A3B.jinja:114"
+    assert rows[2]["cause_location"] == "Qwen-Qwen3.6-35B-A3B.jinja:100-103"
 
 
 def test_cli_export_then_replay(tmp_path) -> None:
@@ -148,7 +151,7 @@ def test_cli_export_then_replay(tmp_path) -> None:
     cmd = [sys.executable, "-m", "engine", "export", "--model", "qwen3.5", "--scenario", "args-serialization",
            "--engine", "vllm", "--json", str(out), "--markdown", str(md)]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
-    assert "vllm/parser/qwen3.py:61-67" in md.read_text(encoding="utf-8")
+    assert "`vllm/parser/engine/parser_engine.py:437-462`" in md.read_text(encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", "engine", "replay", str(out)], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stdout + done.stderr

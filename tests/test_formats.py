@@ -113,3 +113,23 @@ def test_raw_splitter_keeps_the_models_bytes(family: str, knobs: Knobs, reasonin
         assert all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in completion.text for v in values)
     else:
         assert arguments in completion.text
+
+
+@pytest.mark.parametrize("model_id", default_model_ids())
+def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str) -> None:
+    # The generation prompt opened the think block (harmony names the analysis channel itself), so text cut by
+    # max_tokens before the reasoning closed is reasoning, byte for byte; nothing of it is content.
+    model = load_model(model_id)
+    fmt = get_format(model.spec.family)
+    turn = AssistantTurn("Let me think about the weather in Paris first.", "It is sunny.",
+                         knobs=Knobs(truncate_in="reasoning", truncate_keep=0.5))
+    completion = fmt.write(turn, model.spec.stop_tokens[0])
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=model.spec.default_kwargs())
+    from engine.formats.base import prompt_opens_reasoning
+
+    parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
+    assert completion.truncated
+    assert parsed.reasoning == "Let me think about the "
+    assert parsed.content in ("", None)
+    assert parsed.tool_calls == ()

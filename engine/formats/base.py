@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from engine.types import ParseResult
+from engine.types import Completion, ParseResult
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,6 @@ def dump_value(value: Any, style: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class Completion:
-    text: str  # everything the model emitted, stop token included when it stopped
-    stop_token: str | None  # None when truncated by max_tokens
-    truncated: bool
-
-    @property
-    def parser_text(self) -> str:
-        """What the engine's parsers see: the engine drops the stop token from the returned text."""
-        return self.text[: len(self.text) - len(self.stop_token)] if self.stop_token else self.text
-
-
 def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
     """`reasoning</think>content` for formats whose canonical output has no newlines around the reasoning (GLM, Kimi,
     DSML); the knobs add them. Returns the text and the spans of the reasoning and the content."""
@@ -108,10 +96,19 @@ def finish(text: str, spans: dict[str, tuple[int, int]], knobs: Knobs, stop_toke
     return Completion(text + stop_token, stop_token, False)
 
 
-def split_reasoning(text: str, tool_markers: tuple[str, ...]) -> tuple[str | None, str, str]:
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """Whether the prompt ends inside an open think block (`<think>` with no `</think>` after it), so that the
+    completion starts as reasoning."""
+    return prompt.rfind("<think>") > prompt.rfind("</think>")
+
+
+def split_reasoning(text: str, tool_markers: tuple[str, ...], *, reasoning_open: bool = False
+                    ) -> tuple[str | None, str, str]:
     """Split a completion at `</think>` and at the first tool-call marker: (reasoning, content, tool-call text).
 
-    A tool call with no `</think>` before it ends the reasoning itself; the content is then empty.
+    A tool call with no `</think>` before it ends the reasoning itself; the content is then empty. When the prompt
+    opened the think block (`reasoning_open`) and the text has neither `</think>` nor a tool call, max_tokens cut the
+    reasoning: all of it is reasoning.
     """
     reasoning: str | None = None
     rest = text
@@ -119,6 +116,8 @@ def split_reasoning(text: str, tool_markers: tuple[str, ...]) -> tuple[str | Non
         reasoning, rest = text.split("</think>", 1)
     at = next((i for i in (rest.find(m) for m in tool_markers) if i >= 0), -1)
     if at < 0:
+        if reasoning is None and reasoning_open:
+            return rest, "", ""
         return reasoning, rest, ""
     if reasoning is None:
         return rest[:at], "", rest[at:]
@@ -141,7 +140,8 @@ class OutputFormat:
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         raise NotImplementedError
 
-    def raw_parse(self, text: str) -> ParseResult:
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        """`reasoning_open`: the prompt ended inside an open think block (prompt_opens_reasoning)."""
         raise NotImplementedError
 
 

@@ -47,8 +47,9 @@ class DsmlFormat(OutputFormat):
             text += f"\n</{DSML}tool_calls>"
         return finish(text, spans, k, stop_token)
 
-    def raw_parse(self, text: str) -> ParseResult:
-        reasoning, content, calls_text = split_reasoning(text, (f"\n\n<{DSML}tool_calls>", f"<{DSML}tool_calls>"))
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        reasoning, content, calls_text = split_reasoning(
+            text, (f"\n\n<{DSML}tool_calls>", f"<{DSML}tool_calls>"), reasoning_open=reasoning_open)
         calls = []
         for invoke in re.finditer(rf'<{DSML}invoke name="([^"]*)">\n?(.*?)(?:</{DSML}invoke>|$)', calls_text, re.S):
             args: dict = {}

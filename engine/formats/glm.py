@@ -38,8 +38,8 @@ class GlmFormat(OutputFormat):
         stop = "<|observation|>" if turn.tool_calls else stop_token
         return finish(text, spans, k, stop)
 
-    def raw_parse(self, text: str) -> ParseResult:
-        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",))
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",), reasoning_open=reasoning_open)
         calls = []
         for block in re.finditer(r"<tool_call>([^<]*)(.*?)(?:</tool_call>|$)", calls_text, re.S):
             args = {m.group(1): m.group(2) for m in re.finditer(

@@ -43,7 +43,8 @@ class HarmonyFormat(OutputFormat):
             stop = "<|return|>"
         return finish(text, spans, k, stop)
 
-    def raw_parse(self, text: str) -> ParseResult:
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        # Harmony names its channel in every header: reasoning_open adds nothing.
         reasoning = content = None
         calls = []
         for m in re.finditer(r"<\|channel\|>(\w+)( to=functions\.([^\s<]+))?[^<]*(?:<\|constrain\|>\w+)?<\|message\|>"

@@ -43,8 +43,9 @@ class KimiK2Format(OutputFormat):
             text += "<|tool_calls_section_end|>"
         return finish(text, spans, k, stop_token)
 
-    def raw_parse(self, text: str) -> ParseResult:
-        reasoning, content, calls_text = split_reasoning(text, ("<|tool_calls_section_begin|>",))
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        reasoning, content, calls_text = split_reasoning(
+            text, ("<|tool_calls_section_begin|>",), reasoning_open=reasoning_open)
         calls = [
             ToolCall(id=m.group(1), name=m.group(1).removeprefix("functions.").rsplit(":", 1)[0],
                      arguments=m.group(2))

@@ -57,8 +57,8 @@ class Qwen3XmlFormat(OutputFormat):
             text += "</function>\n</tool_call>"
         return finish(text, spans, k, stop_token)
 
-    def raw_parse(self, text: str) -> ParseResult:
-        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",))
+    def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
+        reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",), reasoning_open=reasoning_open)
         if reasoning is not None and "</think>" in text:
             reasoning = reasoning.removeprefix("<think>")
         calls = []

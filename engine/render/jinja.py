@@ -29,7 +29,8 @@ from jinja2 import nodes  # noqa: E402
 from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 
 from engine.errors import RenderError  # noqa: E402
-from engine.types import Provenance, Rendered  # noqa: E402
+from engine.render.constructs import Construct, Evaluation, InstrumentedTemplate  # noqa: E402
+from engine.types import Provenance, Rendered, RenderRequest  # noqa: E402
 
 T = TypeVar("T")
 
@@ -148,9 +149,39 @@ class JinjaRenderer:
         self._recorder = _Recorder()
         overlay.drift_record = self._record  # type: ignore[attr-defined]
         self._template = overlay.from_string(source)
+        self._instrumented_template: InstrumentedTemplate | None = None
 
     def source_lines(self) -> list[str]:
         return self._source.splitlines()
+
+    def _instrumented(self) -> InstrumentedTemplate:
+        # Compiled on first use (20-50 ms): only cause attribution renders through it.
+        if self._instrumented_template is None:
+            self._instrumented_template = InstrumentedTemplate(self._text_template.environment, self._source)
+        return self._instrumented_template
+
+    def construct_aliases(self) -> dict[str, frozenset[str]]:
+        """Each variable the source assigns, with the variables its value reads."""
+        return self._instrumented().aliases
+
+    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
+        """Each variable the source assigns, with the lines that assign it."""
+        return self._instrumented().assigned_at
+
+    def constructs(self) -> tuple[Construct, ...]:
+        """Every construct of the template that can change a message's text (engine.render.constructs)."""
+        return self._instrumented().constructs
+
+    def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
+                              undo: frozenset[int] = frozenset(),
+                              substitute: dict[int, dict[str, str]] | None = None
+                              ) -> tuple[str, list[Evaluation]]:
+        """The prompt with the constructs `undo` undone (and ops in `substitute` giving other text) from message
+        `undo_from` on, and, when nothing is changed, every construct's runs."""
+        chat, variables = self.template_context(request.messages, request.tools, request.add_generation_prompt,
+                                                request.kwargs)
+        return self._guarded(lambda: self._instrumented().render(chat, variables, undo_from=undo_from, undo=undo,
+                                                                 substitute=substitute))
 
     def _record(self, line: int, is_root: bool, value: str) -> str:
         rec = self._recorder

@@ -65,6 +65,7 @@ LINES = {
     "drop_unflushed_buffer": (BASE_DETECTOR, 353, 359),
     "tool_detector_stream": (DETECTOR, 212, 360),
     "args_unstreamed_tail": (SERVING, 3788, 3805),
+    "call_id_rebuilt": (SERVING, 3129, 3147),
 }
 
 
@@ -518,9 +519,16 @@ class SglangKimiK2Parser(FamilyParser):
             reasoning = reasoning_text or None
         calls: list[ToolCall] = []
         if tools_active and SECTION_START in text:  # has_tool_call (kimik2_detector.py:160-162)
+            text_with_calls = text
             normal, items = self.detect_and_parse(text, tools, log)
             text = self.after_parse(text, normal, items, log)
             calls = [ToolCall(self.call_id(name, index), name, arguments) for index, name, arguments in items]
+            written_ids = [call_id for call_id, *_ in find_calls(text_with_calls)]
+            if len(written_ids) == len(calls):
+                for call, written in zip(calls, written_ids):
+                    self.record(log, "call_id_rebuilt", written, call.id or "",
+                                "the call id is rebuilt from the history's call count, not taken from the model's "
+                                "header")
         # serving_chat.py:2991: content is never null
         return ParsedTurn(reasoning, text or "", tuple(calls))
 

@@ -1,0 +1,409 @@
+"""The constructs of a Jinja chat template that can change a model's text, made observable and undoable.
+
+The template's AST is rewritten so that every construct that can transform or drop a message field reports what it
+did and can be undone for one message at a time:
+  - text filters (`|trim`, `|tojson`, `|string`, `|replace`, ...) and string methods (`.strip()`, `.lstrip('\\n')`,
+    `.split('</think>')[-1]`, ...): `drift_op(id, result, input)`; undone, the input passes through unchanged;
+  - conditions (`{% if %}`, `{% elif %}`, inline `a if c else b`): `drift_if(id, test)`; undone, the other branch;
+  - outputs (`{{ ... }}` and literal template text): `drift_out(id, value)`; undone, nothing is emitted.
+The rewritten template is compiled in the same sandboxed environment as the real one, and with nothing undone it
+renders the same text (checked by the caller). Undoing only from the message whose rendering broke on leaves the rest
+of the conversation, and so the previous prompt, as the real template renders it: that is the counterfactual "had
+this construct not changed these messages".
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jinja2
+from jinja2 import nodes
+from jinja2.visitor import NodeTransformer
+
+TEXT_FILTERS = frozenset({"trim", "string", "tojson", "replace", "lower", "upper", "title", "capitalize", "default",
+                          "d", "join", "truncate", "indent", "striptags", "wordwrap", "format", "center"})
+# Methods whose receiver is the value they change (not `sep.join(items)` or `template.format(...)`).
+STRING_METHODS = frozenset({"strip", "lstrip", "rstrip", "split", "rsplit", "replace", "lower", "upper", "title",
+                            "capitalize", "removeprefix", "removesuffix", "splitlines"})
+
+
+@dataclass(frozen=True)
+class Construct:
+    """One rewritable construct: `kind` is "op" (filter or method), "condition" or "output"."""
+
+    id: int
+    kind: str
+    name: str  # the filter or method name; "if" for a condition; "output" for an output
+    line: int
+    end_line: int
+    description: str  # readable source of the construct, e.g. "content.strip()" or "{% if ... %}"
+    receiver: str = ""  # readable source of what an op is applied to, e.g. "content"
+    names: frozenset[str] = frozenset()  # the variables a condition tests
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One run of a construct while the template rendered message `message` (-1: outside any message)."""
+
+    construct: int
+    message: int
+    before: object = None  # an op's input; a condition's value
+    after: object = None  # an op's result
+
+
+@dataclass
+class _Run:
+    message_ids: dict[int, int]
+    undo_from: int | None = None
+    undo: frozenset[int] = frozenset()
+    # construct id -> {a result it gave: the text to give instead}: "had it printed what the model wrote"
+    substitute: dict[int, dict[str, str]] = field(default_factory=dict)
+    record: bool = True
+    evaluations: list[Evaluation] = field(default_factory=list)
+
+
+_COMPARISONS = {"eq": "==", "ne": "!=", "gt": ">", "gteq": ">=", "lt": "<", "lteq": "<=", "in": "in",
+                "notin": "not in"}
+
+
+def describe(node: nodes.Node) -> str:
+    """A short readable rendering of an expression (enough to recognise it next to its template line)."""
+    if isinstance(node, nodes.Name):
+        return node.name
+    if isinstance(node, nodes.Const):
+        return repr(node.value)
+    if isinstance(node, nodes.Getattr):
+        return f"{describe(node.node)}.{node.attr}"
+    if isinstance(node, nodes.Getitem):
+        return f"{describe(node.node)}[{describe(node.arg)}]"
+    if isinstance(node, nodes.Call):
+        args = ", ".join(describe(a) for a in node.args)
+        return f"{describe(node.node)}({args})"
+    if isinstance(node, nodes.Filter):
+        args = f"({', '.join(describe(a) for a in node.args)})" if node.args else ""
+        return f"{describe(node.node) if node.node is not None else ''}|{node.name}{args}"
+    if isinstance(node, nodes.Test):
+        return f"{describe(node.node)} is {node.name}"
+    if isinstance(node, nodes.Not):
+        return f"not {describe(node.node)}"
+    if isinstance(node, nodes.BinExpr):
+        return f"{describe(node.left)} {node.operator} {describe(node.right)}"
+    if isinstance(node, nodes.Compare):
+        ops = " ".join(f"{_COMPARISONS.get(op.op, op.op)} {describe(op.expr)}" for op in node.ops)
+        return f"{describe(node.expr)} {ops}"
+    if isinstance(node, (nodes.And, nodes.Or)):
+        word = "and" if isinstance(node, nodes.And) else "or"
+        return f"({describe(node.left)} {word} {describe(node.right)})"
+    if isinstance(node, nodes.TemplateData):
+        return repr(node.data)
+    return "…"
+
+
+def _names(node: nodes.Node) -> frozenset[str]:
+    """The variables an expression reads (itself included when it is one)."""
+    return frozenset(n.name for n in [node, *node.find_all(nodes.Name)] if isinstance(n, nodes.Name))
+
+
+def _max_line(node: nodes.Node) -> int:
+    return max([getattr(node, "lineno", 0) or 0, *(_max_line(child) for child in node.iter_child_nodes())])
+
+
+class _Rewriter(NodeTransformer):
+    def __init__(self) -> None:
+        self.constructs: list[Construct] = []
+        self.aliases: dict[str, set[str]] = {}  # a `set` variable -> the variables its value reads
+        self.assigned_at: dict[str, list[int]] = {}  # a `set` variable -> the lines that set it
+
+    def visit_Assign(self, node: nodes.Assign) -> nodes.Assign:
+        read = set(_names(node.node))
+        for target in [node.target, *node.target.find_all(nodes.Name)]:
+            if isinstance(target, nodes.Name):
+                self.aliases.setdefault(target.name, set()).update(read)
+                self.assigned_at.setdefault(target.name, []).append(node.lineno)
+        return self.generic_visit(node)
+
+    def _new(self, kind: str, name: str, node: nodes.Node, description: str, receiver: str = "",
+             end_line: int | None = None, names: frozenset[str] = frozenset()) -> int:
+        construct = Construct(len(self.constructs), kind, name, node.lineno, end_line or node.lineno, description,
+                              receiver, names)
+        self.constructs.append(construct)
+        return construct.id
+
+    @staticmethod
+    def _call(function: str, *args: nodes.Expr, lineno: int) -> nodes.Call:
+        return nodes.Call(nodes.Name(function, "load", lineno=lineno), list(args), [], None, None, lineno=lineno)
+
+    def _op(self, node: nodes.Expr, receiver: nodes.Expr, name: str, description: str, receiver_text: str
+            ) -> nodes.Expr:
+        ident = self._new("op", name, node, description, receiver_text)
+        return self._call("drift_op", nodes.Const(ident, lineno=node.lineno), node, receiver, lineno=node.lineno)
+
+    # Descriptions are taken before the children are rewritten, so they read as the template's own source.
+    def visit_Filter(self, node: nodes.Filter) -> nodes.Expr:
+        description = describe(node)
+        receiver_text = describe(node.node) if node.node is not None else ""
+        node = self.generic_visit(node)
+        if node.name in TEXT_FILTERS and node.node is not None:
+            return self._op(node, node.node, node.name, description, receiver_text)
+        return node
+
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Expr:
+        # `x.split('</think>')[-1]` is one construct: a piece of x, undone as x itself.
+        call = node.node
+        if (isinstance(call, nodes.Call) and isinstance(call.node, nodes.Getattr)
+                and call.node.attr in ("split", "rsplit")):
+            description, receiver_text = describe(node), describe(call.node.node)
+            receiver = self.visit(call.node.node)
+            call.node.node = receiver
+            call.args = [self.visit(a) for a in call.args]
+            node.arg = self.visit(node.arg)
+            return self._op(node, receiver, call.node.attr, description, receiver_text)
+        return self.generic_visit(node)
+
+    def visit_Call(self, node: nodes.Call) -> nodes.Expr:
+        description = describe(node)
+        receiver_text = describe(node.node.node) if isinstance(node.node, nodes.Getattr) else ""
+        node = self.generic_visit(node)
+        if isinstance(node.node, nodes.Getattr) and node.node.attr in STRING_METHODS:
+            return self._op(node, node.node.node, node.node.attr, description, receiver_text)
+        return node
+
+    def visit_If(self, node: nodes.If) -> nodes.Node:
+        description, names = f"{{% if {describe(node.test)} %}}", _names(node.test)
+        node = self.generic_visit(node)
+        branches = [*node.body, *node.elif_, *node.else_]
+        end = max([node.lineno, *(_max_line(child) for child in branches)])
+        ident = self._new("condition", "if", node, description, end_line=end, names=names)
+        node.test = self._call("drift_if", nodes.Const(ident, lineno=node.lineno), node.test, lineno=node.lineno)
+        return node
+
+    def visit_CondExpr(self, node: nodes.CondExpr) -> nodes.Expr:
+        description, names = f"… if {describe(node.test)} else …", _names(node.test)
+        node = self.generic_visit(node)
+        ident = self._new("condition", "if", node, description, end_line=_max_line(node), names=names)
+        node.test = self._call("drift_if", nodes.Const(ident, lineno=node.lineno), node.test, lineno=node.lineno)
+        return node
+
+    def visit_Output(self, node: nodes.Output) -> nodes.Output:
+        described = [describe(child) for child in node.nodes]
+        node = self.generic_visit(node)
+        wrapped: list[nodes.Expr] = []
+        for child, description in zip(node.nodes, described):
+            value = nodes.Const(child.data, lineno=child.lineno) if isinstance(child, nodes.TemplateData) else child
+            # An output of a bare variable names it: what it prints was computed by a `set` above.
+            variable = child.name if isinstance(child, nodes.Name) else ""
+            ident = self._new("output", "output", child, description, variable, end_line=child.lineno,
+                              names=frozenset({variable} - {""}))
+            wrapped.append(self._call("drift_out", nodes.Const(ident, lineno=child.lineno), value,
+                                      lineno=child.lineno))
+        node.nodes = wrapped
+        return node
+
+
+def derived_names(names: frozenset[str], aliases: dict[str, frozenset[str]]) -> frozenset[str]:
+    """`names` and every variable assigned (directly or through others) from one of them."""
+    found = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for target, read in aliases.items():
+            if target not in found and read & found:
+                found.add(target)
+                changed = True
+    return frozenset(found)
+
+
+class InstrumentedTemplate:
+    """A template compiled with every construct observable; `render` says which ran for which message."""
+
+    def __init__(self, environment: jinja2.Environment, source: str) -> None:
+        rewriter = _Rewriter()
+        tree = rewriter.visit(environment.parse(source))
+        self.constructs: tuple[Construct, ...] = tuple(rewriter.constructs)
+        self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
+        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
+        self._local = threading.local()  # the web app renders from several threads
+        environment = environment.overlay()
+        environment.globals.update(drift_op=self._op, drift_if=self._if, drift_out=self._out)
+        self._template = environment.from_string(tree)
+
+    def render(self, chat: list[dict], variables: dict, *, undo_from: int | None = None,
+               undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+               ) -> tuple[str, list[Evaluation]]:
+        """Render; the constructs in `undo` are undone, and an op in `substitute` gives the text instead of that
+        result, while message `undo_from` or a later one is being rendered. Every construct's runs are recorded when
+        nothing is changed (a trace); a changed render records nothing."""
+        substitute = dict(substitute or {})
+        run = _Run({id(m): i for i, m in enumerate(chat)}, undo_from, frozenset(undo) | frozenset(substitute),
+                   substitute, record=not undo and not substitute)
+        self._local.run = run
+        try:
+            text = self._template.render(messages=chat, **variables)
+        finally:
+            self._local.run = None
+        return text, run.evaluations
+
+    def _message(self, run: _Run) -> int:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == "<template>":
+                for value in frame.f_locals.values():
+                    index = run.message_ids.get(id(value))
+                    if index is not None:
+                        return index
+            frame = frame.f_back
+        return -1
+
+    def _message_if_wanted(self, run: _Run, ident: int) -> int | None:
+        # Finding the message walks the frames: only when this run records, or may undo this construct.
+        if run.record or ident in run.undo:
+            return self._message(run)
+        return None
+
+    def _undone(self, run: _Run, ident: int, message: int | None) -> bool:
+        # undo_from -1: everywhere, outside any message too
+        return (message is not None and run.undo_from is not None
+                and (message >= run.undo_from or run.undo_from == -1) and ident in run.undo)
+
+    def _op(self, ident: int, result: object, value: object) -> object:
+        run = self._local.run
+        message = self._message_if_wanted(run, ident)
+        if run.record:
+            run.evaluations.append(Evaluation(ident, message, value, result))
+        if not self._undone(run, ident, message):
+            return result
+        if ident in run.substitute:
+            return run.substitute[ident].get(result, result) if isinstance(result, str) else result
+        return value
+
+    def _if(self, ident: int, test: object) -> object:
+        run = self._local.run
+        message = self._message_if_wanted(run, ident)
+        if run.record:
+            run.evaluations.append(Evaluation(ident, message, bool(test)))
+        return (not test) if self._undone(run, ident, message) else test
+
+    def _out(self, ident: int, value: object) -> object:
+        run = self._local.run
+        message = self._message_if_wanted(run, ident)
+        if run.record:
+            run.evaluations.append(Evaluation(ident, message, value))
+        if not self._undone(run, ident, message):
+            return value
+        if ident in run.substitute:
+            return run.substitute[ident].get(value, value) if isinstance(value, str) else value
+        return ""
+
+
+class _PythonRewriter(ast.NodeTransformer):
+    """The same rewrite for a Python encoder: string methods and `json.dumps`-like helpers (ops), `if` tests and
+    conditional expressions (conditions), and every `prompt += ...` (outputs)."""
+
+    def __init__(self, functions: frozenset[str]) -> None:
+        self.constructs: list[Construct] = []
+        self.aliases: dict[str, set[str]] = {}
+        self.assigned_at: dict[str, list[int]] = {}
+        self._functions = functions  # helpers whose call re-prints a value (e.g. to_json)
+
+    def visit_Assign(self, node: ast.Assign) -> ast.Assign:
+        read = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+        for target in node.targets:
+            for name in ast.walk(target):
+                if isinstance(name, ast.Name):
+                    self.aliases.setdefault(name.id, set()).update(read)
+                    self.assigned_at.setdefault(name.id, []).append(node.lineno)
+        return self.generic_visit(node)
+
+    def _new(self, kind: str, name: str, node: ast.AST, description: str, receiver: str = "",
+             end_line: int | None = None, names: frozenset[str] = frozenset()) -> int:
+        construct = Construct(len(self.constructs), kind, name, node.lineno, end_line or node.lineno, description,
+                              receiver, names)
+        self.constructs.append(construct)
+        return construct.id
+
+    @staticmethod
+    def _call(function: str, *args: ast.expr, like: ast.AST) -> ast.Call:
+        call = ast.Call(ast.Name(function, ast.Load()), list(args), [])
+        return ast.copy_location(call, like)
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        node = self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in STRING_METHODS:
+            ident = self._new("op", func.attr, node, ast.unparse(node), ast.unparse(func.value))
+            return self._call("drift_op", ast.Constant(ident), node, func.value, like=node)
+        if isinstance(func, ast.Name) and func.id in self._functions and node.args:
+            ident = self._new("op", func.id, node, ast.unparse(node), ast.unparse(node.args[0]))
+            return self._call("drift_op", ast.Constant(ident), node, node.args[0], like=node)
+        return node
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        node = self.generic_visit(node)
+        end = max(child.end_lineno or child.lineno for child in [*node.body, *node.orelse]) if node.orelse else \
+            max(child.end_lineno or child.lineno for child in node.body)
+        ident = self._new("condition", "if", node, f"if {ast.unparse(node.test)}:", end_line=end,
+                          names=frozenset(n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)))
+        node.test = self._call("drift_if", ast.Constant(ident), node.test, like=node.test)
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.expr:
+        node = self.generic_visit(node)
+        ident = self._new("condition", "if", node, ast.unparse(node), end_line=node.end_lineno,
+                          names=frozenset(n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)))
+        node.test = self._call("drift_if", ast.Constant(ident), node.test, like=node.test)
+        return node
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AugAssign:
+        node = self.generic_visit(node)
+        if isinstance(node.target, ast.Name) and node.target.id == "prompt" and isinstance(node.op, ast.Add):
+            ident = self._new("output", "output", node, ast.unparse(node), end_line=node.end_lineno)
+            node.value = self._call("drift_out", ast.Constant(ident), node.value, like=node.value)
+        return node
+
+
+class InstrumentedModule(InstrumentedTemplate):
+    """A Python encoder module executed with every construct observable (the same protocol as a template).
+
+    `message_of_frame(frame)` says which conversation message a frame of the encoder is rendering, or None.
+    """
+
+    def __init__(self, source: str, filename: str, reprinting_functions: frozenset[str],
+                 message_of_frame: Callable[[object, _Run], int | None]) -> None:
+        rewriter = _PythonRewriter(reprinting_functions)
+        tree = ast.fix_missing_locations(rewriter.visit(ast.parse(source, filename)))
+        self.constructs = tuple(rewriter.constructs)
+        self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
+        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
+        self._local = threading.local()
+        self._filename = filename
+        self._message_of_frame = message_of_frame
+        self.namespace: dict = {"__name__": "drift_matrix_instrumented_encoder", "__file__": filename,
+                                "drift_op": self._op, "drift_if": self._if, "drift_out": self._out}
+        exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the pinned encoder, hash-checked
+
+    def run(self, call: Callable[[], str], message_ids: dict[int, int], *, undo_from: int | None = None,
+            undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+            ) -> tuple[str, list[Evaluation]]:
+        substitute = dict(substitute or {})
+        run = _Run(message_ids, undo_from, frozenset(undo) | frozenset(substitute), substitute,
+                   record=not undo and not substitute)
+        self._local.run = run
+        try:
+            text = call()
+        finally:
+            self._local.run = None
+        return text, run.evaluations
+
+    def _message(self, run: _Run) -> int:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == self._filename:
+                found = self._message_of_frame(frame, run)
+                if found is not None:
+                    return found
+            frame = frame.f_back
+        return -1
