@@ -15,7 +15,7 @@ from engine.matrix import cell_label
 from engine.models import LoadedModel, default_model_ids
 from engine.parsers import list_engines
 from engine.scenario import scenario_from_data
-from engine.simulate import local_scenario, run_cell_with
+from engine.simulate import run_cell_with
 from engine.traces.evidence import step_view, trace_evidence, trace_markdown
 from engine.traces.readers import FORMATS
 from engine.traces.report import TraceReport, analyse_trace
@@ -143,8 +143,10 @@ def _cause(report: TraceReport, model: LoadedModel, session: int, request: int) 
             location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
             st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
             st.write(cause.detail)
+            if cause.proof:
+                st.caption(cause.proof)
             if cause.fix:
-                st.markdown(f"**Fix:** {cause.fix.get('text')}")
+                st.markdown(f"**Fix:** {cause.fix.text}")
         (st.success if replay.reproduced else st.warning)(replay.detail)
         if not replay.reproduced and replay.differs_at_char is not None:
             cols = st.columns(2)
@@ -218,10 +220,10 @@ def _own_conversation(engine: str) -> None:
         st.error(f"Your conversation cannot be read: {describe_error(err)}")
         return
     cells = {}
-    with local_scenario(scenario), st.spinner("Running the row…"):
+    with st.spinner("Running the row…"):
         for model_id in default_model_ids():
             try:
-                cells[model_id] = run_cell_with(cached_model(model_id), scenario.id, engine, {})
+                cells[model_id] = run_cell_with(cached_model(model_id), scenario, engine, {})
             except Exception as err:  # noqa: BLE001 - one model failing leaves the row
                 st.warning(f"{model_id}: {describe_error(err)}")
     st.dataframe(pd.DataFrame([{m: cell_label(c) for m, c in cells.items()}], index=[scenario.id]))

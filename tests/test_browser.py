@@ -220,5 +220,5 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
         page.get_by_role("button", name="Evidence JSON").click()
     evidence = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
     broken = evidence["sessions"][1]["requests"][2]
-    assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:114"
+    assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
     assert broken["window"]["first_token"] == 1013

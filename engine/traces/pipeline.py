@@ -12,8 +12,8 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
 from engine.models import LoadedModel
-from engine.simulate import client_message, raw_request
-from engine.types import Edit, ParseResult, Rendered
+from engine.simulate import client_message, raw_request, undo_request_edit
+from engine.types import Edit, ParseResult, Rendered, RenderRequest
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,10 @@ def template_kwargs(model: LoadedModel, request_kwargs: dict[str, Any] | None) -
 
 
 def render_request(model: LoadedModel, served: Served, messages: list[dict], tools: list[dict] | None,
-                   kwargs: dict[str, Any]) -> tuple[Rendered, tuple[Edit, ...]]:
-    """The prompt the server renders for these client messages (its request-side edits first)."""
+                   kwargs: dict[str, Any], *, undo: Edit | None = None
+                   ) -> tuple[Rendered, tuple[Edit, ...], RenderRequest]:
+    """The prompt the server renders for these client messages, its request-side edits (`undo`: one of them undone,
+    for blame's counterfactuals) and what the template was given."""
     edits: tuple[Edit, ...] = ()
     if served.emulation is None:
         to_render = raw_request(messages, get_format(model.spec.family).arguments_in_history)
@@ -55,10 +57,13 @@ def render_request(model: LoadedModel, served: Served, messages: list[dict], too
         if prep.error:
             raise ExplorerError(f"{served.origin} rejects the request: {prep.error}")
         to_render, edits = prep.messages, prep.edits
+        if undo is not None:
+            to_render, edits = undo_request_edit(to_render, messages, undo), tuple(e for e in edits if e != undo)
     try:
-        return model.renderer.render(to_render, tools, add_generation_prompt=True, kwargs=kwargs), edits
+        rendered = model.renderer.render(to_render, tools, add_generation_prompt=True, kwargs=kwargs)
     except RenderError as err:
         raise ExplorerError(f"model {model.id}: the request cannot be rendered: {err}") from None
+    return rendered, edits, RenderRequest(to_render, tools, True, kwargs)
 
 
 def completion_of(model: LoadedModel, text: str) -> Completion:

@@ -145,7 +145,7 @@ def ids_of(model: LoadedModel | None, request: TraceRequest, engine: str | None)
         raise ExplorerError(f"{request.where}: neither token ids nor the messages and the reply are logged")
     kwargs = template_kwargs(model, request.chat_template_kwargs)
     served = served_by(engine or "raw")
-    prompt, _ = render_request(model, served, list(request.messages), list(request.tools or []) or None, kwargs)
+    prompt, _, _ = render_request(model, served, list(request.messages), list(request.tools or []) or None, kwargs)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     completion = get_format(model.spec.family).write(turn_of(request.response_message, request.where), stop)
     return model.tokenizer.encode(prompt.text).ids, model.tokenizer.encode(completion.text).ids, "rendered"

@@ -4,25 +4,26 @@ The replay starts from what was really generated: request k-1's completion ids d
 That text goes through the engine's parsers (the engine@version the user names, the model's parser pair by the
 engine's names), comes back as the assistant message a client sends, and request k is rebuilt from request k-1's
 messages, that message and the messages the client really appended; the engine's request side and the model's
-template render it. When the replay gives request k's real prompt ids, the break is ours to explain and the cause
-follows engine.blame's rules: same text and different ids is the tokenizer; a break that the format's lossless
-split does not have is the engine's edit at the break; otherwise the template line that emitted the first differing
-character. Fix hints are computed the same way (each boolean template kwarg flipped, the other engine versions,
-else the bridge). When the replay does not give the real prompt, that is the finding: the client (or the server)
-did something our model of it lacks, and the report says where the two prompts part and which field of the
-assistant message the client sent differs from what the engine returned.
+template render it. A client that sent the turn back without the reasoning the engine returned is modelled as the
+matrix's `send_reasoning: false` client. When the replay gives request k's real prompt ids, the break is explained by
+engine.blame's counterfactuals, exactly as for a matrix cell: this module hands blame a re-run function that replays
+the same step with one change (an engine edit undone, a template construct undone, an echoing client, other kwargs,
+another engine version, the bridge). When the replay does not give the real prompt, that is the finding: the client
+(or the server) did something our model of it lacks; the report says where the two prompts part and which field of
+the assistant message the client sent differs from what the engine returned.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.blame import _classify_template, _edit_at_break
+from engine.blame import BlameContext, explain_break
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
-from engine.simulate import Boundary, Cause, PrefixCheck
+from engine.scenario import Scenario
+from engine.simulate import _bridge_prompt, _rerender
 from engine.traces.pipeline import (
     Served,
     completion_of,
@@ -33,7 +34,20 @@ from engine.traces.pipeline import (
     template_kwargs,
 )
 from engine.traces.records import TraceRequest
-from engine.types import Rendered
+from engine.types import (
+    Boundary,
+    Cause,
+    Change,
+    EchoingClient,
+    Edit,
+    ParseResult,
+    PrefixCheck,
+    UndoRequestEdit,
+    UndoTemplate,
+    UseParse,
+    WithEngine,
+    WithKwargs,
+)
 
 
 @dataclass(frozen=True)
@@ -57,38 +71,88 @@ class Replay:
                 "replay_snippet": self.replay_snippet}
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What one replay needs besides the engine, the kwargs and the change: the two requests and the real ids."""
+
+    model: LoadedModel
+    previous: TraceRequest
+    completion_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...]  # request k-1's logged prompt
+    appended: list[dict]  # what the client really appended after the assistant turn
+    real_reply: dict | None  # the assistant turn the client really sent
+    index: int
+    send_reasoning: bool = True
+
+
 def _calls_before(messages: list[dict]) -> int:
     return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
 
 
-@dataclass(frozen=True)
-class _Step:
-    """A step replayed through one engine with one set of kwargs."""
-
-    boundary: Boundary
-    replay_message: dict
-
-
-def _replay(model: LoadedModel, served: Served, previous: TraceRequest, completion_ids: tuple[int, ...],
-            prompt_ids: tuple[int, ...], appended: list[dict], real_reply: dict | None, kwargs: dict[str, Any],
-            index: int) -> _Step:
-    assert model.tokenizer is not None and previous.messages is not None
-    tools = list(previous.tools or []) or None
-    sent = list(previous.messages)
-    prev_prompt, _ = render_request(model, served, sent, tools, kwargs)
-    completion = completion_of(model, model.tokenizer.decode(completion_ids))
-    parsed = parse_completion(model, served, completion, tools, kwargs, _calls_before(sent))
-    call_ids = [c.get("id") for c in (real_reply or {}).get("tool_calls") or [] if isinstance(c, dict)]
+def _replay(step: _Step, served: Served, kwargs: dict[str, Any], *, parse: ParseResult | None = None,
+            request_undo: Edit | None = None, logged_ids: bool = True, echo: bool = False) -> Boundary:
+    model = step.model
+    assert model.tokenizer is not None and step.previous.messages is not None
+    tools = list(step.previous.tools or []) or None
+    sent = list(step.previous.messages)
+    prev_prompt, _, _ = render_request(model, served, sent, tools, kwargs)
+    completion = completion_of(model, model.tokenizer.decode(step.completion_ids))
+    parsed = parse or parse_completion(model, served, completion, tools, kwargs, _calls_before(sent))
+    call_ids = [c.get("id") for c in (step.real_reply or {}).get("tool_calls") or [] if isinstance(c, dict)]
     message = returned_message(parsed, call_ids, _calls_before(sent))
-    next_prompt, request_edits = render_request(model, served, sent + [message] + appended, tools, kwargs)
+    if not step.send_reasoning and not echo:
+        message.pop("reasoning_content", None)
+    messages = sent + [message] + step.appended
+    next_prompt, request_edits, request = render_request(model, served, messages, tools, kwargs, undo=request_undo)
+    # Request k-1's prompt as logged; a re-run with other kwargs renders it again, as the server would have.
+    prompt_ids = step.prompt_ids if logged_ids else model.tokenizer.encode(prev_prompt.text).ids
     next_ids = model.tokenizer.encode(next_prompt.text).ids
-    prev_text = prev_prompt.text + completion.text
-    prev_ids = prompt_ids + completion_ids
-    boundary = Boundary(index, "tool" if appended and appended[0].get("role") == "tool" else "user", prev_prompt,
-                        completion, completion_ids, prompt_ids, parsed, request_edits, next_prompt, next_ids,
-                        PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text)),
-                        PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids)))
-    return _Step(boundary, message)
+    prev_text, prev_ids = prev_prompt.text + completion.text, prompt_ids + step.completion_ids
+    trigger = "tool" if step.appended and step.appended[0].get("role") == "tool" else "user"
+    return Boundary(step.index, trigger, prev_prompt, completion, step.completion_ids, prompt_ids, parsed,
+                    request_edits, next_prompt, next_ids,
+                    PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text)),
+                    PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids)), request)
+
+
+def _bridged(step: _Step, broken: Boundary) -> Boundary:
+    """The append-only next prompt (engine.simulate's bridge) over the replayed step."""
+    model = step.model
+    assert model.tokenizer is not None and step.previous.messages is not None
+    prompt = _bridge_prompt(model, broken.prev_prompt, broken.completion, broken.next_prompt,
+                            len(step.previous.messages))
+    appended = prompt.text[len(broken.prev_text):]
+    prev_ids = broken.prev_ids or ()
+    next_ids = prev_ids + model.tokenizer.encode(appended).ids
+    return replace(broken, next_prompt=prompt, next_ids=next_ids,
+                   string_prefix=PrefixCheck(len(broken.prev_text), common_prefix(broken.prev_text, prompt.text)),
+                   token_prefix=PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids)))
+
+
+def _rerun_function(step: _Step, served: Served, kwargs: dict[str, Any], broken: Boundary):
+    """What blame is given: the breaking step replayed again with one change (None: the replay failed)."""
+
+    def rerun(change: Change) -> Boundary | None:
+        try:
+            if isinstance(change, UndoTemplate):
+                return _rerender(step.model, change.base or broken, change)
+            if isinstance(change, UseParse):
+                return _replay(step, served, kwargs, parse=change.parse)
+            if isinstance(change, UndoRequestEdit):
+                return _replay(step, served, kwargs, request_undo=change.edit)
+            if isinstance(change, EchoingClient):
+                return _replay(step, served, kwargs, echo=True)
+            if isinstance(change, WithKwargs):
+                return _replay(step, served, {**kwargs, **change.kwargs}, logged_ids=False)
+            if isinstance(change, WithEngine):
+                if change.engine == "bridge":
+                    return _bridged(step, broken)
+                return _replay(step, served_by(change.engine), kwargs)
+        except ExplorerError:
+            return None
+        raise TypeError(f"unknown change {change!r}")
+
+    return rerun
 
 
 def _differences(real: dict | None, replayed: dict) -> list[str]:
@@ -120,104 +184,42 @@ def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, curren
     before, after = list(previous.messages), list(current.messages)
     if after[:len(before)] != before:
         at = next(i for i, (a, b) in enumerate(zip(before + [{}], after + [{}])) if a != b)
-        cause = Cause(stage="client", kind="history-rewritten", location=f"{current.format}:{current.where}",
-                      origin="client", detail=f"the client sent message {at} differently from the previous request "
-                      f"({str(before[at] if at < len(before) else None)[:60]!r} -> "
-                      f"{str(after[at] if at < len(after) else None)[:60]!r})", fix=None)
-        return Replay(served.spec, False, cause, "the client rewrote the history before the new reply, so the "
-                      "break is the client's, not the engine's or the template's")
+        return Replay(served.spec, False, None, f"the client rewrote the history: message {at} of {current.where} "
+                      f"differs from the previous request's ({str(before[at] if at < len(before) else None)[:60]!r} "
+                      f"-> {str(after[at] if at < len(after) else None)[:60]!r}), so the break is the client's")
     real_reply = after[len(before)] if len(after) > len(before) else None
-    appended = after[len(before) + 1:]
+    step = _Step(model, previous, completion_ids, previous_prompt_ids, after[len(before) + 1:], real_reply, index)
     kwargs = template_kwargs(model, previous.chat_template_kwargs)
     try:
-        step = _replay(model, served, previous, completion_ids, previous_prompt_ids, appended, real_reply, kwargs,
-                       index)
+        broken = _replay(step, served, kwargs)
+        replayed_reply = returned_message(broken.parse, [c.get("id") for c in (real_reply or {}).get("tool_calls")
+                                                         or [] if isinstance(c, dict)], _calls_before(before))
+        if broken.next_ids != tuple(prompt_ids) and real_reply is not None and \
+                "reasoning_content" not in real_reply and replayed_reply.get("reasoning_content") is not None:
+            # A client that keeps only content and tool calls: the matrix's send_reasoning: false.
+            step = replace(step, send_reasoning=False)
+            broken = _replay(step, served, kwargs)
     except ExplorerError as err:
         return Replay(served.spec, False, None, f"the replay through {served.spec} fails: {err}")
-    b = step.boundary
-    assert b.next_ids is not None
-    if b.next_ids != tuple(prompt_ids):
-        token = common_prefix(b.next_ids, tuple(prompt_ids))
+    assert broken.next_ids is not None
+    if broken.next_ids != tuple(prompt_ids):
+        token = common_prefix(broken.next_ids, tuple(prompt_ids))
         real_text = model.tokenizer.decode(prompt_ids)
-        char = common_prefix(real_text, b.next_prompt.text)
-        diffs = _differences(real_reply, step.replay_message)
+        char = common_prefix(real_text, broken.next_prompt.text)
         detail = (f"the replay through {served.spec} does not give the real prompt: they part at token {token} "
                   f"(char {char})")
-        cause = None
         if not previous.tools:
             detail += f"; {current.format} records no tool list, so the replay renders the prompts without tools"
+        diffs = _differences(real_reply, replayed_reply)
         if diffs:
             detail += "; the client sent the assistant turn with " + "; ".join(diffs)
-            cause = Cause(stage="client", kind="client-message-differs", location=f"{current.format}:"
-                          f"{current.where}", origin="client", detail="; ".join(diffs), fix=None)
-        return Replay(served.spec, False, cause, detail, token, char, real_text[char:char + 40],
-                      b.next_prompt.text[char:char + 40], b)
-    cause = _attribute(model, served, previous, current, b, kwargs, appended, real_reply, hints)
-    return Replay(served.spec, True, cause, f"the replay through {served.spec} gives the real prompt; "
-                  f"cause: {cause.stage} ({cause.kind}) at {cause.location}", boundary=b)
-
-
-def _holds(model: LoadedModel, engine: str, previous: TraceRequest, completion_ids: tuple[int, ...],
-           prompt_ids: tuple[int, ...], appended: list[dict], real_reply: dict | None, kwargs: dict[str, Any],
-           index: int) -> bool:
-    try:
-        b = _replay(model, served_by(engine), previous, completion_ids, prompt_ids, appended, real_reply, kwargs,
-                    index).boundary
-    except ExplorerError:
-        return False
-    return b.holds
-
-
-def _fix_hint(model: LoadedModel, served: Served, previous: TraceRequest, b: Boundary, kwargs: dict[str, Any],
-              appended: list[dict], real_reply: dict | None, stage: str) -> dict:
-    assert b.completion_ids is not None and b.prev_prompt_ids is not None
-    args = (previous, b.completion_ids, b.prev_prompt_ids, appended, real_reply)
-    for kwarg in model.spec.template_kwargs:
-        value = kwargs.get(kwarg.name)
-        if isinstance(value, bool) and _holds(model, served.spec, *args, {**kwargs, kwarg.name: not value}, b.index):
-            return {"kind": "kwarg", "kwarg": kwarg.name, "value": not value,
-                    "text": f"set {kwarg.name}={'true' if not value else 'false'}"}
-    if stage == "parser" and served.emulation is not None:
-        from engine.parsers import list_engines
-
-        for other in list_engines():
-            if other != served.spec and _holds(model, other, *args, kwargs, b.index):
-                return {"kind": "engine", "engine": other, "text": f"serve with {other}"}
-    return {"kind": "bridge", "engine": "bridge",
-            "text": "build the next prompt by appending to the previous token ids (bridge) instead of re-rendering"}
-
-
-def _attribute(model: LoadedModel, served: Served, previous: TraceRequest, current: TraceRequest, b: Boundary,
-               kwargs: dict[str, Any], appended: list[dict], real_reply: dict | None, hints: bool) -> Cause:
-    def hint(stage: str) -> dict | None:
-        return _fix_hint(model, served, previous, b, kwargs, appended, real_reply, stage) if hints else None
-
-    if b.string_prefix.holds:
-        at = b.token_prefix.common if b.token_prefix else 0
-        prev_ids, next_ids = b.prev_ids or (), b.next_ids or ()
-        return Cause(stage="tokenizer", kind="token-boundary", location=f"{model.spec.assets['tokenizer'].hub_file}:0"
-                     if "tokenizer" in model.spec.assets else "tokenizer:0", origin=f"tokenizer {model.id}",
-                     detail=f"same text, different ids at token {at}: previous {list(prev_ids[at:at + 3])} vs next "
-                            f"{list(next_ids[at:at + 3])}; re-tokenizing the prompt does not give back the "
-                            "completion's own ids", fix=hint("tokenizer"))
-    if served.emulation is not None:
-        assert b.completion_ids is not None and b.prev_prompt_ids is not None
-        raw = _replay(model, served_by("raw"), previous, b.completion_ids, b.prev_prompt_ids, appended, real_reply,
-                      kwargs, b.index).boundary
-        edits = [e for e in (*b.parse.edits, *b.request_edits) if e.before != e.after]
-        if raw.string_prefix.holds and edits:
-            edit = _edit_at_break(edits, b)
-            return Cause(stage="parser", kind=edit.step, location=str(edit.location), origin=edit.location.origin,
-                         detail=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}", fix=hint("parser"))
-    at = b.string_prefix.common
-    rendered: Rendered = b.next_prompt
-    pos = min(at, len(rendered.text) - 1)
-    if 0 < pos < len(rendered.text) and rendered.source_line[pos] != rendered.source_line[pos - 1]:
-        pos -= 1  # the chunk before the break ended early: blame the line that emitted it
-    line = rendered.source_line[pos] if pos >= 0 else 0
-    lines = model.renderer.source_lines()
-    line_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    return Cause(stage="template", kind=_classify_template(b, at), location=f"{rendered.source_path}:{line}",
-                 origin=rendered.origin, detail=f"at char {at}: previous {b.prev_text[at:at + 24]!r} vs next "
-                 f"{rendered.text[at:at + 24]!r}; emitted by: {line_text[:120]}", fix=hint("template"),
-                 line_text=line_text)
+        return Replay(served.spec, False, None, detail, token, char, real_text[char:char + 40],
+                      broken.next_prompt.text[char:char + 40], broken)
+    client = {} if step.send_reasoning else {"send_reasoning": False}
+    scenario = Scenario(id=f"{current.format}:{current.where}", description="", tools=list(previous.tools or [])
+                        or None, system=None, turns=(), kwargs={}, source="", client=client)
+    context = BlameContext(model, scenario, served.spec, dict(previous.chat_template_kwargs or {}), kwargs)
+    cause = explain_break(broken, context, _rerun_function(step, served, kwargs, broken), hints=hints)
+    client_words = " with a client that drops the reasoning" if client else ""
+    return Replay(served.spec, True, cause, f"the replay through {served.spec}{client_words} gives the real prompt; "
+                  f"cause: {cause.stage} ({cause.kind}) at {cause.location}", boundary=broken)

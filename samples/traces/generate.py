@@ -99,7 +99,7 @@ def run_session(model: LoadedModel, scenario: Scenario, engine: str, session: st
             history.append(message)
             continue
         assert turn.assistant is not None
-        prompt, _ = render_request(model, served, history, tools, kwargs)
+        prompt, _, _ = render_request(model, served, history, tools, kwargs)
         completion = fmt.write(turn.assistant, stop)
         ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         assert ids is not None and model.tokenizer is not None
