@@ -218,3 +218,19 @@ def test_logs_are_read_line_by_line() -> None:
     first = next(FORMATS["vllm-log"].read("vllm-0.33.0.log", feed()))
     assert first.prompt_ids is not None and first.completion_ids is not None
     assert consumed < len(lines) // 2
+
+
+def test_samples_of_one_prompt_are_separate_sessions(tmp_path: Path) -> None:
+    """Each session's first request again under another request id (a second sample of the same prompt): a session
+    of its own, not a continuation."""
+    import re
+
+    lines = (SAMPLES / "vllm-0.33.0.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    first_wave = lines[1:26]  # the five first requests and their outputs
+    assert sum("details: prompt" in line for line in first_wave) == 5
+    again = re.sub(r"\b([0-9a-f]{16})\b", r"b\1", "".join(first_wave))
+    path = tmp_path / "twice.log"
+    path.write_text("".join(lines) + again, encoding="utf-8")
+    report = analyse_trace(path)
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER] + \
+        [[s[0]] for s in (HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER)]

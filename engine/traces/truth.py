@@ -1,10 +1,10 @@
 """Sessions from requests, and the ground truth of every step: what the prefix cache could reuse.
 
 Grouping: by the format's own session id where it has one; otherwise a request joins the earlier session whose
-latest sequence (prompt + completion) shares the longest token prefix with its prompt, provided the prompt still
-holds that session's first prompt up to its generation prompt (`FIRST_PROMPT_SLACK` tokens short of its end at
-most); else it starts a session. Candidates are found through a hash chain of 16-token blocks (as vLLM's prefix
-cache keys blocks), so grouping costs one pass over each request's tokens.
+latest sequence (prompt + completion) shares the longest token prefix with its prompt, provided the prompt is longer
+than that session's first prompt and still holds it up to its generation prompt (`FIRST_PROMPT_SLACK` tokens short
+of its end at most); else it starts a session (so n samples of one prompt are n sessions). Candidates are found
+through a hash chain of 16-token blocks (as vLLM's prefix cache keys blocks): one pass over each request's tokens.
 
 Per step (request k of a session, k >= 2): the token-level common prefix of (request k-1's prompt ids + its
 completion ids) and request k's prompt ids, the first differing token, tokens reused and re-prefilled, and at a
@@ -45,8 +45,8 @@ def _chain(ids: tuple[int, ...]) -> Iterable[int]:
 
 
 class Grouper:
-    """Assigns each request to a session as it arrives (see the module docstring); keeps per session only its first
-    prompt and latest sequence, and one dictionary entry per distinct 16-token block."""
+    """Assigns each request to a session as it arrives (see the module docstring); keeps each session's first prompt
+    and one dictionary entry per distinct 16-token block of the sequences seen."""
 
     def __init__(self) -> None:
         self.first_prompt: dict[str, tuple[int, ...]] = {}
@@ -64,7 +64,9 @@ class Grouper:
                 candidate = owner
             if candidate is not None:
                 first = self.first_prompt[candidate]
-                if common_prefix(prompt, first) < len(first) - FIRST_PROMPT_SLACK:
+                # A later request of a session is longer than its first prompt: an equal prompt is another session
+                # (n rollouts of one RL prompt), and so is one that parts from it before its generation prompt.
+                if len(prompt) <= len(first) or common_prefix(prompt, first) < len(first) - FIRST_PROMPT_SLACK:
                     candidate = None
             key = candidate or f"prefix-{self.sessions + 1}"
             for h in _chain(prompt + completion):
