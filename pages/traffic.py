@@ -10,7 +10,6 @@ import plotly.graph_objects as go
 import streamlit as st
 import yaml
 
-from engine.evidence import cause_url
 from engine.matrix import cell_label
 from engine.models import LoadedModel, default_model_ids
 from engine.parsers import list_engines
@@ -21,7 +20,7 @@ from engine.traces.readers import FORMATS
 from engine.traces.report import TraceReport, analyse_trace
 from engine.traces.store import StoredTrace, TraceStore
 from engine.workspace import default_root
-from pages.common import cached_model, describe_error, show_break, show_view
+from pages.common import cached_model, describe_error, show_break, show_cause, show_view
 
 NO_REPLAY = "none (figures only)"
 EXAMPLE = """\
@@ -136,24 +135,15 @@ def _cause(report: TraceReport, model: LoadedModel, session: int, request: int) 
     if replay is None:
         st.info("Pick the engine that served this trace above to replay the break and find its cause.")
         return
-    with st.container(border=True):
-        if replay.cause is not None:
-            cause = replay.cause
-            url = cause_url(cause, model)
-            location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"
-            st.markdown(f"**Cause: {cause.stage}** ({cause.kind}) at {location} in {cause.origin}")
-            st.write(cause.detail)
-            if cause.proof:
-                st.caption(cause.proof)
-            if cause.fix:
-                st.markdown(f"**Fix:** {cause.fix.text}")
-        (st.success if replay.reproduced else st.warning)(replay.detail)
-        if not replay.reproduced and replay.differs_at_char is not None:
-            cols = st.columns(2)
-            cols[0].caption("the real next prompt, from where they part")
-            cols[0].code(replay.real_snippet, language=None)
-            cols[1].caption(f"the replay through {replay.engine}")
-            cols[1].code(replay.replay_snippet, language=None)
+    if replay.cause is not None:
+        show_cause(replay.cause, model, None, f"traffic:cause:{session}:{request}")
+    (st.success if replay.reproduced else st.warning)(replay.detail)
+    if not replay.reproduced and replay.differs_at_char is not None:
+        cols = st.columns(2)
+        cols[0].caption("the real next prompt, from where they part")
+        cols[0].code(replay.real_snippet, language=None)
+        cols[1].caption(f"the replay through {replay.engine}")
+        cols[1].code(replay.replay_snippet, language=None)
 
 
 def _break(report: TraceReport, model: LoadedModel, session: int, request: int) -> None:
@@ -233,9 +223,7 @@ def _own_conversation(engine: str) -> None:
     chosen = st.selectbox("Break of", breaking, key="traffic:row_model")
     cell = cells[chosen]
     if cell.cause is not None:
-        st.markdown(f"**Cause: {cell.cause.stage}** ({cell.cause.kind}) at `{cell.cause.location}` in "
-                    f"{cell.cause.origin}")
-        st.write(cell.cause.detail)
+        show_cause(cell.cause, cached_model(chosen), None, "traffic:row")
     focus = cell.focus
     if focus is not None:
         show_break(cached_model(chosen), focus, "traffic:row")
