@@ -8,8 +8,8 @@ figure that matters is the time per token, which stays flat when the cost grows 
 
     python benchmarks/trace_bench.py [--json PATH] [--requests 200] [--sessions 50] [--reuse]
 
-Each analysis runs in a fresh process (its peak RSS is its own), without fix hints; the session's are run once
-without and once with replaying every break through vllm@0.33.0.
+Each analysis runs in a fresh process (its peak RSS is its own), without fix hints; the session's three times: the
+figures only, every break replayed through vllm@0.33.0, and every replayed break attributed by engine.blame.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ from engine.models import load_model
 from engine.traces.report import analyse_trace
 model = load_model(sys.argv[2])
 start = time.perf_counter()
-report = analyse_trace(sys.argv[1], model, engine=sys.argv[3] or None, hints=False)
+mode = sys.argv[3]  # "": figures only; "replay": every break replayed; "attribute": and blamed
+report = analyse_trace(sys.argv[1], model, engine="vllm@0.33.0" if mode else None, hints=False,
+                       attribute=mode == "attribute")
 seconds = time.perf_counter() - start
 tokens = sum(s.row.prompt_tokens + (s.row.decode_tokens or 0) for t in report.sessions for s in t.steps)
 print(json.dumps({"requests": report.requests, "sessions": len(report.sessions), "tokens": tokens,
@@ -75,11 +77,11 @@ print(json.dumps({"requests": report.requests, "sessions": len(report.sessions),
 """
 
 
-def timed(path: Path, engine: str | None) -> dict:
+def timed(path: Path, mode: str) -> dict:
     """One analysis in a fresh process, so its peak RSS is its own."""
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), generate.MODEL, engine or ""], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), generate.MODEL, mode], cwd=ROOT,
                          capture_output=True, text=True, check=True)
-    return {"file": path.name, "bytes": path.stat().st_size, **json.loads(out.stdout)}
+    return {"file": path.name, "mode": mode or "figures", "bytes": path.stat().st_size, **json.loads(out.stdout)}
 
 
 def main() -> None:
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--reuse", action="store_true", help="analyse the traces already in build/traces/")
+    parser.add_argument("--only", choices=("session", "log"), help="run one of the two parts")
     parser.add_argument("--json")
     args = parser.parse_args()
     BUILD.mkdir(parents=True, exist_ok=True)
@@ -116,12 +119,12 @@ def main() -> None:
         for count, path in zip(counts, log_paths):
             write_log(path, many[:count])
     results: dict = {"session": [], "log": []}
-    for path in session_paths:
-        for engine in (None, "vllm@0.33.0"):
-            results["session"].append(timed(path, engine))
+    for path in session_paths if args.only != "log" else ():
+        for mode in ("", "replay", "attribute"):
+            results["session"].append(timed(path, mode))
             print(json.dumps(results["session"][-1]), file=sys.stderr)
-    for path in log_paths:
-        results["log"].append(timed(path, None))
+    for path in log_paths if args.only != "session" else ():
+        results["log"].append(timed(path, ""))
         print(json.dumps(results["log"][-1]), file=sys.stderr)
     text = json.dumps(results, indent=2)
     if args.json:

@@ -48,7 +48,10 @@ def _store() -> TraceStore:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _analysed(path: str, sha256: str, name: str, model_id: str, engine: str | None, block_size: int) -> TraceReport:
     # Keyed by the stored file's hash: a trace never changes once stored.
-    return analyse_trace(path, cached_model(model_id), engine=engine, block_size=block_size, name=name)
+    # Each break is replayed at once (cheap); its cause is attributed when it is opened (blame re-renders per
+    # candidate change, seconds on a long prompt).
+    return analyse_trace(path, cached_model(model_id), engine=engine, block_size=block_size, name=name,
+                         attribute=False)
 
 
 def _upload(store: TraceStore) -> None:
@@ -109,7 +112,8 @@ def _requests_table(report: TraceReport, session: int) -> pd.DataFrame:
             f"block-{report.block_size} reused": step.row.block_reusable_tokens,
             "hybrid reused": step.row.hybrid_reusable_tokens, "server says cached": step.request.cached_tokens,
             "breaks": f"✗ at token {step.first_break.token}" if step.first_break else "",
-            "cause": f"{cause.stage} ({cause.kind})" if cause else ("not reproduced" if replay else ""),
+            "cause": f"{cause.stage} ({cause.kind})" if cause else
+            ("" if replay is None else "reproduced: select it" if replay.reproduced else "not reproduced"),
         })
     return pd.DataFrame(rows)
 
@@ -131,10 +135,12 @@ def _chart(report: TraceReport, session: int) -> go.Figure:
 
 
 def _cause(report: TraceReport, model: LoadedModel, session: int, request: int) -> None:
-    replay = report.replays.get((session, request))
-    if replay is None:
+    if (session, request) not in report.replays:
         st.info("Pick the engine that served this trace above to replay the break and find its cause.")
         return
+    with st.spinner("Attributing the break (a re-run per candidate change)…"):
+        replay = report.attribute(session, request)
+    assert replay is not None
     if replay.cause is not None:
         show_cause(replay.cause, model, None, f"traffic:cause:{session}:{request}")
     (st.success if replay.reproduced else st.warning)(replay.detail)

@@ -70,10 +70,12 @@ def test_traffic_page_sessions_and_a_break(traffic: AppTest) -> None:
     assert list(sessions["cache lost (tokens)"]) == [0, 90, 88, 45, 36]
     requests = traffic.dataframe(key="traffic:requests:2").value
     assert list(requests["prefill"]) == [1015, 22, 72]
-    assert list(requests["cause"]) == ["", "", "template (reasoning-dropped)"]
+    assert list(requests["cause"]) == ["", "", "reproduced: select it"]  # attributed when opened
     traffic.session_state["traffic:requests:2"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
     traffic.run()
     assert not traffic.exception, [e.value for e in traffic.exception]
+    traffic.run()  # the cause is kept: the table shows it now
+    assert list(traffic.dataframe(key="traffic:requests:2").value["cause"]) == ["", "", "template (reasoning-dropped)"]
     text = " ".join(m.value for m in traffic.markdown)
     assert "**Cause: template** (reasoning-dropped)" in text
     assert "first differing token 1013 ('<think>' → '<tool_call>')" in text

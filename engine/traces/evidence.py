@@ -78,7 +78,8 @@ def view_json(view: BreakView) -> dict[str, Any]:
 
 
 def trace_evidence(report: TraceReport, model: LoadedModel | None, context: int = 8) -> dict[str, Any]:
-    """The report's JSON, and for every break both sides around it: what a bug report needs."""
+    """The report's JSON, and for every break both sides around it and its cause: what a bug report needs."""
+    report.attribute_all()
     data = {"format": TRACE_EVIDENCE_FORMAT, **report.to_json(),
             "asset_hashes": dict(model.asset_hashes) if model else {}}
     if model is None or model.tokenizer is None:
@@ -91,6 +92,7 @@ def trace_evidence(report: TraceReport, model: LoadedModel | None, context: int 
 
 
 def trace_markdown(report: TraceReport) -> str:
+    report.attribute_all()
     lines = [f"# Prefix cache breaks in {report.source}", "",
              f"{report.format}, {len(report.sessions)} session(s), {report.requests} requests"
              + (f"; model {report.model}" if report.model else "")

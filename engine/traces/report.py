@@ -27,6 +27,17 @@ class TraceReport:
     def requests(self) -> int:
         return sum(len(s.steps) for s in self.sessions)
 
+    def attribute(self, session: int, request: int) -> Replay | None:
+        """The replay of that break with its cause attributed (computed once, then kept)."""
+        replay = self.replays.get((session, request))
+        if replay is not None and replay.pending is not None:
+            replay = self.replays[(session, request)] = replay.attributed()
+        return replay
+
+    def attribute_all(self) -> None:
+        for session, request in list(self.replays):
+            self.attribute(session, request)
+
     def to_json(self) -> dict[str, Any]:
         sessions = []
         for s_no, session in enumerate(self.sessions, start=1):
@@ -63,8 +74,9 @@ class TraceReport:
 def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: str | None = None,
                   trace_format: str | None = None, block_size: int = 16,
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
-                  hints: bool = True, name: str | None = None) -> TraceReport:
-    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break.
+                  hints: bool = True, attribute: bool = True, name: str | None = None) -> TraceReport:
+    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break
+    (`attribute=False`: the causes of reproduced breaks wait for `TraceReport.attribute`).
 
     One pass: a request is assigned to its session and its step computed as it is read, and only what a later
     request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
@@ -87,7 +99,8 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
         step = builder.add(request, prompt, completion, source)
         if step.breaks and explain and model is not None and engine is not None and previous is not None:
             replays[(key, step.row.index)] = explain_step(model, engine, previous, request, previous_completion,
-                                                          previous_prompt, prompt, step.row.index - 1, hints=hints)
+                                                          previous_prompt, prompt, step.row.index - 1, hints=hints,
+                                                          attribute_now=attribute)
     if not builders:
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
     ordered = sorted(builders.values(), key=lambda b: b.first_order)

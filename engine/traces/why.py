@@ -15,7 +15,8 @@ the assistant message the client sent differs from what the engine returned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.blame import BlameContext, explain_break
@@ -63,6 +64,15 @@ class Replay:
     real_snippet: str = ""
     replay_snippet: str = ""
     boundary: Boundary | None = None  # the replayed step, for the break view
+    # A reproduced break whose attribution was deferred (blame re-renders the prompt once per candidate change).
+    pending: Callable[[], Cause] | None = field(default=None, compare=False, repr=False)
+
+    def attributed(self) -> Replay:
+        """This replay with its cause attributed (itself when it already is, or cannot be)."""
+        if self.pending is None:
+            return self
+        cause = self.pending()
+        return replace(self, cause=cause, pending=None, detail=_reproduced(self.engine, self.detail, cause))
 
     def to_json(self) -> dict[str, Any]:
         return {"engine": self.engine, "reproduced": self.reproduced, "detail": self.detail,
@@ -171,8 +181,9 @@ def _differences(real: dict | None, replayed: dict) -> list[str]:
 
 def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, current: TraceRequest,
                  completion_ids: tuple[int, ...], previous_prompt_ids: tuple[int, ...],
-                 prompt_ids: tuple[int, ...], index: int, *, hints: bool = True) -> Replay:
-    """Replay the step from `previous` (its prompt and completion ids) to `current` (its real prompt ids)."""
+                 prompt_ids: tuple[int, ...], index: int, *, hints: bool = True, attribute_now: bool = True) -> Replay:
+    """Replay the step from `previous` (its prompt and completion ids) to `current` (its real prompt ids);
+    `attribute_now=False` defers blame to `Replay.attributed()`."""
     served = served_by(engine)
     if model.tokenizer is None:
         return Replay(served.spec, False, None, f"model {model.id} has no tokenizer here, so the completion ids "
@@ -219,7 +230,15 @@ def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, curren
     scenario = Scenario(id=f"{current.format}:{current.where}", description="", tools=list(previous.tools or [])
                         or None, system=None, turns=(), kwargs={}, source="", client=client)
     context = BlameContext(model, scenario, served.spec, dict(previous.chat_template_kwargs or {}), kwargs)
-    cause = explain_break(broken, context, _rerun_function(step, served, kwargs, broken), hints=hints)
-    client_words = " with a client that drops the reasoning" if client else ""
-    return Replay(served.spec, True, cause, f"the replay through {served.spec}{client_words} gives the real prompt; "
-                  f"cause: {cause.stage} ({cause.kind}) at {cause.location}", boundary=broken)
+    detail = (f"the replay through {served.spec}{' with a client that drops the reasoning' if client else ''} gives "
+              "the real prompt")
+
+    def attribute() -> Cause:
+        return explain_break(broken, context, _rerun_function(step, served, kwargs, broken), hints=hints)
+
+    replay = Replay(served.spec, True, None, detail, boundary=broken, pending=attribute)
+    return replay.attributed() if attribute_now else replay
+
+
+def _reproduced(engine: str, detail: str, cause: Cause) -> str:
+    return f"{detail}; cause: {cause.stage} ({cause.kind}) at {cause.location}"
