@@ -6,12 +6,15 @@ runs the simulator itself), and names the one whose undo makes the boundary hold
   - engine: each parser or request-side edit (text edits, and what is not a text edit: a lost call, a renumbered id,
     null for ""), undone in the engine's result or request;
   - client: the scenario's client setting, replaced by a client that echoes everything;
-  - template: each construct the template ran for the message whose rendering broke (a filter or string method on
-    its fields, a condition, an output), undone for that message only (engine.render.constructs).
-The construct is the primary location; the line that emitted the differing character comes second. A break that
-no undo moves is blamed on the emitting construct, and the proof says that nothing else moved it.
-Fix hints are re-run too, and ranked: a switch that keeps the model's text before one that changes what the model is
-asked to do (turning reasoning off), other versions of the same engine, then the append-only bridge.
+  - template: each construct the template (or encoder) ran for the messages whose rendering broke (a filter or string
+    method on their fields, a condition, a re-printed value, markup), undone from the broken message on
+    (engine.render.constructs); conditions on one kwarg also together, everywhere.
+Among the undos that keep the prefix, the smallest change to the next prompt wins. The construct is the primary
+location; the line that emitted the differing character comes second. A break that no undo moves is blamed on the
+emitting construct, and the proof says that nothing else moved it.
+Fix hints are re-run too, and ranked: a switch that keeps the prompt the model answered, the client setting, other
+versions of the same engine, the append-only bridge, and only then a switch that changes what the model is asked to
+do (turning reasoning off), saying so.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from engine.types import (
 
 Rerun = Callable[[Change], Boundary | None]
 MAX_TEMPLATE_CANDIDATES = 100  # constructs tried per break, nearest to the break first
+HOLDING_ENOUGH = 3  # candidates that keep the prefix, found in that order, to choose the cause from
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,12 @@ def _prefix_words(boundary: Boundary, trial: _Trial) -> str:
 
 
 def _snippet(text: str, at: int, width: int = 24) -> str:
-    return text[at:at + width]
+    """The text from the break, begun at the start of a markup token the break falls in (`<think>` vs `<tool_call>`
+    differ at their second character: both shown whole)."""
+    start = text.rfind("<", max(0, at - 16), at + 1)
+    if start < 0 or ">" in text[start:at]:
+        start = at
+    return text[start:start + width]
 
 
 def explain_break(boundary: Boundary, context: BlameContext, rerun: Rerun, *, hints: bool = True) -> Cause:
@@ -280,9 +289,11 @@ def _written_fields(boundary: Boundary, context: BlameContext) -> ParseResult | 
                          reasoning_open=prompt_opens_reasoning(boundary.prev_prompt.text))
 
 
-def _engine_kind(candidate: _EngineCandidate) -> str:
+def _engine_kind(candidate: _EngineCandidate, written: ParseResult | None) -> str:
     edit, field = candidate.edit, candidate.field
-    if field == "calls":
+    lost_call = field == "content" and written is not None and any(
+        call.name and call.name in edit.before and call.name not in edit.after for call in written.tool_calls)
+    if field == "calls" or lost_call:
         return "call-lost"
     if field == "id":
         return "call-id-renumbered"
@@ -317,21 +328,18 @@ def _arguments_kind(before: str, after: str) -> str:
 def _engine_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
     if context.engine in ("raw", "bridge"):
         return None
-    candidates = _engine_candidates(boundary, context)
-    best: tuple[_Trial, _EngineCandidate] | None = None
-    for candidate in candidates:
-        trial = _trial(rerun, candidate.change)
-        if trial is None or trial.common <= boundary.string_prefix.common:
-            continue
-        if best is None or (trial.holds, trial.common) > (best[0].holds, best[0].common):
-            best = (trial, candidate)
-        if trial.holds:
-            break
-    if best is None:
+    trials = []
+    for candidate in _engine_candidates(boundary, context):
+        trial = _trial(rerun, candidate.change, boundary)
+        if trial is not None and trial.common > boundary.string_prefix.common:
+            trials.append((trial, candidate))
+    if not trials:
         return None
-    trial, candidate = best
+    # Holding first; among those the smallest change to the next prompt, then the engine's own order of steps.
+    trial, candidate = min(trials, key=lambda t: (not t[0].holds, t[0].change_size if t[0].holds else -t[0].common,
+                                                  t[1].order))
     edit = candidate.edit
-    kind = _engine_kind(candidate)
+    kind = _engine_kind(candidate, _written_fields(boundary, context))
     at = boundary.string_prefix.common
     loc = edit.location
     return Cause(
@@ -356,12 +364,13 @@ def _changed_by_engine(edit: Edit, field: str) -> str:
 
 
 def _client_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
-    """The scenario's client setting is the cause when the same cell with a client that echoes everything holds."""
+    """The scenario's client setting is the cause when the same cell with a client that echoes everything holds, or
+    breaks only later."""
     scenario = context.scenario
     if not scenario.client:
         return None
     trial = _trial(rerun, EchoingClient())
-    if trial is None or not trial.holds:
+    if trial is None or trial.common <= boundary.string_prefix.common:
         return None
     setting, value = next(iter(scenario.client.items()))
     source = SCENARIOS_DIR.parent / scenario.source if scenario.source else None
@@ -501,10 +510,14 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                    for group in groups if group[0].kind == "output"]
     lines = renderer.source_lines()
     trials = []
+    holding = 0
     for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
+            holding += trial.holds
+            if holding >= HOLDING_ENOUGH:
+                break  # enough that keep the prefix to choose the smallest from
     if not trials:
         return None
 
@@ -526,12 +539,20 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     ranked = sorted(trials, key=rank)
     best = ranked[0]
     if best[2].substitute and best[1][0].kind == "output":
-        # Markup printed in a branch that a condition chose: the condition is the construct, when undoing it holds
-        # as well.
+        # Markup printed in place of the model's text is the weakest explanation: a filter or method that changed
+        # the model's text at the break (undone, the break moves on) is the construct; so is a condition that chose
+        # the branch printing that markup, when undoing it holds as well.
         line = best[1][0].line
-        best = next((t for t in ranked if t[0].holds and t[1][0].kind == "condition" and not t[2].substitute
-                     and t[1][0].line <= line <= t[1][0].end_line and t[0].change_size <= best[0].change_size),
-                    best)
+        transforms = [t for t in trials if t[1][0].kind == "op" and not t[2].substitute
+                      and any(r.message == target and r.before != r.after for c in t[1] for r in ran.get(c.id, ()))]
+        branches = [t for t in ranked if t[0].holds and t[1][0].kind == "condition" and not t[2].substitute
+                    and t[1][0].line <= line <= t[1][0].end_line and t[0].change_size <= best[0].change_size]
+        # (Only where the break is inside a field the model wrote: its whitespace-only content around the markup
+        # is the template's to format.)
+        if transforms and (_inside_reasoning(boundary) or _model_field_at(boundary)):
+            best = max(transforms, key=lambda t: (t[0].holds, t[0].common))
+        elif branches:
+            best = branches[0]
     trial, group, change = best
     # The construct that ran for the broken message heads a group; a group spread over the file (conditions on one
     # switch) is that construct, then the others as further locations.
@@ -844,9 +865,15 @@ def _changed_in_template(boundary: Boundary) -> str:
 
 
 def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Cause) -> Fix:
-    """The first fix, in the order a practitioner would apply them, that a re-run proves."""
+    """The first fix, in the order a practitioner would apply them, that a re-run proves: a template switch that keeps
+    the prompt the model answered, the client setting, another version of the same engine, the bridge, and only when
+    even the bridge does not hold a switch that changes what the model is asked to do (said so). A switch counts when
+    it makes the boundary hold, or else when it removes this break (the boundary then breaks later, for another
+    cause): the same cause gets the same hint on every engine."""
     model = context.model
-    behaviour_changing: list[tuple[str, Any]] = []
+    at = boundary.string_prefix.common
+    keeping: list[Fix] = []
+    changing: list[Fix] = []
     for kwarg in model.spec.template_kwargs:
         if not isinstance(kwarg.default, bool):
             continue
@@ -854,16 +881,22 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
         if kwarg.name in context.user_kwargs and context.user_kwargs[kwarg.name] == value:
             continue
         fixed = rerun(WithKwargs({kwarg.name: value}))
-        if fixed is None or not fixed.holds:
+        if fixed is None or not (fixed.holds or fixed.string_prefix.common > at):
             continue
-        if fixed.prev_prompt.text != boundary.prev_prompt.text:
-            # The flip changes the prompt the model answered (e.g. reasoning turned off): its behaviour, not only
-            # how its text comes back.
-            behaviour_changing.append((kwarg.name, value))
-            continue
-        return Fix("kwarg", f"set {kwarg.name}={'true' if value else 'false'}", kwarg=kwarg.name, value=value,
-                   proof=f"re-run with {kwarg.name}={str(value).lower()}: the boundary holds; the prompt the model "
-                         "answered is unchanged")
+        setting = f"{kwarg.name}={'true' if value else 'false'}"
+        outcome = "the boundary holds" if fixed.holds else (
+            f"this break goes away; the boundary breaks later, at character {fixed.string_prefix.common}")
+        # A flip that changes the prompt the model answered (e.g. reasoning turned off) changes its behaviour, not
+        # only how its text comes back.
+        keeps = fixed.prev_prompt.text == boundary.prev_prompt.text
+        fix = Fix("kwarg", f"set {setting}" if keeps else
+                  f"set {setting} (this changes what the model is asked to do: nothing that keeps its text fixes "
+                  "the cell)", kwarg=kwarg.name, value=value,
+                  proof=f"re-run with {setting}: {outcome}; the prompt the model answered "
+                        f"{'is unchanged' if keeps else 'changes'}", changes_behaviour=not keeps)
+        (keeping if keeps else changing).append((not fixed.holds, len(keeping) + len(changing), fix))
+    if keeping:
+        return min(keeping)[2]
     if cause.stage == "client":
         setting = next(iter(context.scenario.client))
         return Fix("client", f"send the assistant turn back whole ({setting}="
@@ -874,17 +907,15 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
         if fixed is not None and fixed.holds:
             return Fix("engine", f"serve with {other}", engine=other,
                        proof=f"re-run with {other}: the boundary holds")
-    if behaviour_changing:
-        name, value = behaviour_changing[0]
-        return Fix("kwarg", f"set {name}={'true' if value else 'false'} (this changes what the model is asked to do: "
-                            "nothing that keeps its text fixes the cell)", kwarg=name, value=value,
-                   proof=f"re-run with {name}={str(value).lower()}: the boundary holds, but the prompt the model "
-                         "answered changes", changes_behaviour=True)
     bridged = rerun(WithEngine("bridge"))
-    proof = "re-run with the bridge: the boundary holds" if bridged is not None and bridged.holds else \
-        "re-run with the bridge: the next prompt's new messages do not render, so even the bridge does not hold"
-    return Fix("bridge", "build the next prompt by appending to the previous token ids (bridge) instead of "
-                         "re-rendering", engine="bridge", proof=proof)
+    bridge = Fix("bridge", "build the next prompt by appending to the previous token ids (bridge) instead of "
+                           "re-rendering", engine="bridge", proof="re-run with the bridge: the boundary holds")
+    if bridged is not None and bridged.holds:
+        return bridge
+    if changing:
+        return min(changing)[2]
+    return replace(bridge, proof="re-run with the bridge: the next prompt's new messages do not render, so even the "
+                                 "bridge does not hold")
 
 
 def _same_engine_versions(context: BlameContext) -> list[str]:

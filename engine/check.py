@@ -1,35 +1,88 @@
-"""`python -m engine check`: a template author's CI gate — every scenario through a template file."""
+"""`python -m engine check`: a template author's CI gate — every scenario through a template file.
+
+The template first renders the basic conversation (the first request of scenario `tool-call`, as an upload must);
+a template that fails there is reported once and no scenario is rendered, so a hostile or broken template ends
+after one render limit instead of one per scenario. Breaks (PRR does not hold) and errors (the template failed on
+a later request, so there is no PRR result) are counted apart.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.errors import ExplorerError
+from engine.matrix import cell_json
 from engine.models import load_model, special_token_vars
 from engine.sandbox import SandboxedRenderer
 from engine.scenario import scenario_ids
 from engine.simulate import CellResult, run_cell_with
+from engine.uploads import PROBE_SCENARIO, UploadError, probe_prompt
+
+ENGINE_MEANING = {"raw": "the template alone: lossless split of the model output",
+                  "bridge": "next prompt appended to the previous token ids"}
+WIDTH = 110
 
 
 @dataclass(frozen=True)
 class CheckReport:
+    model: str
+    template: str
+    engine: str  # as asked: raw, bridge, vllm, sglang@0.5.12, ...
+    engine_version: str
     cells: tuple[CellResult, ...]
+    refused: str | None = None  # why the basic conversation failed; then no scenario was rendered
 
     @property
-    def breaks(self) -> bool:
-        return any(c.status in ("breaks", "error") for c in self.cells)
+    def breaks(self) -> int:
+        return sum(c.status == "breaks" for c in self.cells)
+
+    @property
+    def errors(self) -> int:
+        return sum(c.status == "error" for c in self.cells)
+
+    @property
+    def failed(self) -> bool:
+        return self.refused is not None or self.breaks > 0 or self.errors > 0
+
+    @property
+    def engine_label(self) -> str:
+        if self.engine in ENGINE_MEANING:
+            return f"{self.engine} ({ENGINE_MEANING[self.engine]})"
+        return f"{self.engine.partition('@')[0]} {self.engine_version}".strip()
 
     @property
     def text(self) -> str:
-        lines = []
+        lines = [f"# {self.template} for {self.model}, engine {self.engine_label}"]
+        if self.refused is not None:
+            lines.append(_wrap(f"error: {self.refused}", "", " " * 7))
+            lines.append(f"the template fails the basic conversation (first request of scenario {PROBE_SCENARIO}); "
+                         f"none of the {len(scenario_ids())} scenarios was rendered")
+            return "\n".join(lines)
         for c in self.cells:
-            where = f" {c.cause.stage} {c.cause.location}: {c.cause.detail[:100]}" if c.cause else ""
-            note = f" ({c.note})" if c.status in ("error", "unavailable") and c.note else ""
-            lines.append(f"{c.status:<11} {c.scenario}{where}{note}")
-        broken = sum(c.status in ("breaks", "error") for c in self.cells)
-        lines.append(f"{broken} of {len(self.cells)} scenarios break PRR")
+            lines.append(f"{c.status:<11} {c.scenario}")
+            if c.cause:
+                lines.append(_wrap(f"{c.cause.stage} {c.cause.location}: {c.cause.detail}", " " * 12, " " * 12))
+            if c.status in ("error", "unavailable") and c.note:
+                lines.append(_wrap(c.note, " " * 12, " " * 12))
+        lines.append(f"{len(self.cells)} scenarios: {self.breaks} break PRR, {self.errors} "
+                     f"{'error' if self.errors == 1 else 'errors'} (the template failed to render: no PRR result), "
+                     f"{sum(c.status == 'holds' for c in self.cells)} hold")
         return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "template": self.template, "engine": self.engine,
+                "engine_version": self.engine_version, "refused": self.refused,
+                "breaks": self.breaks, "errors": self.errors,
+                "holds": sum(c.status == "holds" for c in self.cells),
+                "cells": [cell_json(c) for c in self.cells]}
+
+
+def _wrap(text: str, first: str, rest: str) -> str:
+    """Whole words on each line, every word kept (never cut mid-word, nothing dropped)."""
+    return textwrap.fill(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckReport:
@@ -38,8 +91,14 @@ def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckR
     except (OSError, UnicodeDecodeError) as err:
         raise ExplorerError(f"{template}: cannot read the template as UTF-8 text: {err}") from err
     stock = load_model(model_id)
+    special_tokens = special_token_vars(stock.spec)
+    try:
+        probe_prompt(model_id, stock.spec, source, template.name, special_tokens, None, label=f"{model_id} (custom)")
+    except UploadError as err:
+        return CheckReport(model_id, template.name, engine, "", (), str(err))
     # A template under test is someone else's code: it renders in the sandbox, with the base model's token variables.
     renderer = SandboxedRenderer(source, model=f"{model_id} (custom)", source_path=template.name,
-                                 special_tokens=special_token_vars(stock.spec))
+                                 special_tokens=special_tokens)
     model = replace(stock, renderer=renderer)
-    return CheckReport(tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids()))
+    cells = tuple(run_cell_with(model, s, engine, {}) for s in scenario_ids())
+    return CheckReport(model_id, template.name, engine, cells[0].engine_version if cells else "", cells)

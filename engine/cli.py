@@ -76,7 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         src = lines[span.source_line - 1].strip() if 0 < span.source_line <= len(lines) else ""
         print(f"[{who:>8} | {where:>9}] {visible(rendered.text[span.start:span.end])!s}")
         if args.show_source and src:
-            print(f"{'':21}└ {src[:100]}")
+            print(f"{'':21}└ {src}")  # whole: a cut line hides the part that emitted the text
     print(f"# {len(rendered.text)} characters" + (f", {len(tokens.ids)} tokens" if tokens else
                                                  f"; {model.tokenizer_unavailable}"))
     return 0
@@ -161,7 +161,7 @@ def cmd_session(args: argparse.Namespace) -> int:
             ("previous", view.previous_text, view.previous_token_char_start, view.previous_location),
             ("next", view.next_text, view.token_char_start, view.next_location),
         ):
-            origin = f"{where.path}:{where.line} {where.text[:90]}" if where else "(end of text)"
+            origin = f"{where.path}:{where.line} {where.text.strip()}" if where else "(end of text)"
             if where and where.line == 0 and report.engine:
                 origin = "the model's written output (no template line)"
             print(f"  {side:<8} {text[start:start + 16]!r:<24} {origin}")
@@ -271,8 +271,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from engine.check import check_template
 
     report = check_template(args.model, Path(args.template), args.engine)
-    print(report.text)
-    return 1 if report.breaks else 0
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report.text)
+    return 1 if report.failed else 0
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
@@ -329,6 +332,18 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ExplorerError(f"fuzz: --workers must be at least 1, got {args.workers}")
+    if args.show is not None:
+        from engine.fuzz import conversation, conversation_text
+        from engine.matrix import cell_json
+
+        if not 0 <= args.show < args.n:
+            raise ExplorerError(f"fuzz: --show takes a conversation number from 0 to {args.n - 1}, got {args.show}")
+        scenario, cell = conversation(args.model, args.engine, args.seed, args.show)
+        if args.json:
+            _write_json({"conversation": args.show, "seed": args.seed, "cell": cell_json(cell)}, args.json)
+        if args.json != "-":
+            print(conversation_text(scenario, cell))
+        return 0
     report = run_fuzz(args.model, args.engine, args.n, args.seed, args.workers,
                       progress=None if args.quiet else stderr_progress())
     # Timings depend on the machine, not the seed: stderr, so that the JSON is the same for the same seed.
@@ -357,7 +372,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    # `drift-matrix` (the installed command) or `python -m engine`: the same CLI, named as it was started.
+    started_as = Path(sys.argv[0]).name
+    prog = "python -m engine" if started_as in ("__main__.py", "-m", "") else started_as
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     render = sub.add_parser("render", help="render a conversation with a model's real template, with provenance")
@@ -416,7 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="exit 1 when any scenario breaks PRR with this template (for CI)")
     check.add_argument("--model", required=True)
     check.add_argument("--template", required=True)
-    check.add_argument("--engine", default="raw")
+    check.add_argument("--engine", default="raw", help="raw (default: the template alone), bridge, vllm, sglang or "
+                       "engine@version")
+    check.add_argument("--json", metavar="PATH|-", help="the report as JSON: counts and every cell as in matrix --json")
     check.set_defaults(func=cmd_check)
 
     parse = sub.add_parser("parse", help="what an engine's parsers return for a model output, with every edit")
@@ -446,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--workers", type=int, help="processes (default: every core)")
     fuzz.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    fuzz.add_argument("--show", type=int, metavar="N", help="print conversation N of this seed (turn by turn, with "
+                      "its result and cause) instead of running all of them")
     fuzz.add_argument("--json", metavar="PATH|-")
     fuzz.set_defaults(func=cmd_fuzz)
 

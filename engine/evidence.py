@@ -15,6 +15,8 @@ import hashlib
 import html
 import io
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from engine.matrix import cell_json, cell_label
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import SCENARIOS_DIR, load_scenario, preamble_library
-from engine.simulate import Boundary, Cause, CellResult, run_cell
+from engine.simulate import Boundary, Cause, CellResult, run_cell, run_cell_with
 from engine.tokenize import Tokenizer
 from engine.types import Rendered, Tokens
 
@@ -117,6 +119,22 @@ def _char_rows(text: str, lo: int, hi: int, first: int, message_index: tuple[int
     return tuple(rows)
 
 
+def _word_start(text: str, at: int, reach: int = 24) -> int:
+    """`at` moved back (at most `reach` characters) to where a word or a `<…>` marker starts."""
+    for i in range(at, max(0, at - reach) - 1, -1):
+        if i == 0 or text[i] == "<" or text[i - 1].isspace() or text[i - 1] == ">":
+            return i
+    return at
+
+
+def _word_end(text: str, at: int, reach: int = 24) -> int:
+    """`at` moved forward (at most `reach` characters) to where a word or a `<…>` marker ends."""
+    for i in range(min(at, len(text)), min(len(text), at + reach) + 1):
+        if i == len(text) or text[i].isspace() or text[i] == "<" or text[i - 1] == ">":
+            return i
+    return min(at, len(text))
+
+
 @dataclass(frozen=True)
 class CompareSide:
     """One side of a comparison: text with per-character provenance, and its token ids with their char starts."""
@@ -150,13 +168,30 @@ def compare(tokenizer: Tokenizer | None, prev: CompareSide, nxt: CompareSide, *,
         first_token: int | None = first
     else:
         span = context * 6
-        prev_lo = next_lo = max(0, first_char - span)
-        prev_hi, next_hi = min(len(prev.text), first_char + span), min(len(nxt.text), first_char + span)
+        # No tokens: the window still starts and ends where a word or a marker does, not inside one.
+        prev_lo = next_lo = _word_start(prev.text, max(0, first_char - span))
+        prev_hi, next_hi = _word_end(prev.text, first_char + span), _word_end(nxt.text, first_char + span)
         prev_rows = _char_rows(prev.text, prev_lo, prev_hi, first_char, prev.message_index, prev.source_line)
         next_rows = _char_rows(nxt.text, next_lo, next_hi, first_char, nxt.message_index, nxt.source_line)
         first_token = None
     prev_window, next_window = prev.text[prev_lo:prev_hi], nxt.text[next_lo:next_hi]
-    opcodes = _readable(difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes())
+    if token_level:
+        assert prev.starts is not None and nxt.starts is not None
+        prev_cuts = {c - prev_lo for c in prev.starts if prev_lo <= c <= prev_hi} | {len(prev_window)}
+        next_cuts = {c - next_lo for c in nxt.starts if next_lo <= c <= next_hi} | {len(next_window)}
+        cut = at(prev, first) - prev_lo
+
+        def kept(a1: int, a2: int, b1: int, b2: int) -> bool:
+            return a2 - a1 >= 4
+    else:
+        cut = first_char - prev_lo
+
+        def kept(a1: int, a2: int, b1: int, b2: int) -> bool:  # no token boundaries: only long common runs
+            return a2 - a1 >= 8
+    raw_opcodes = difflib.SequenceMatcher(None, prev_window, next_window, autojunk=False).get_opcodes()
+    if token_level:
+        raw_opcodes = [raw_opcodes[0], *_whole_tokens(raw_opcodes[1:], prev_cuts, next_cuts)] if raw_opcodes else []
+    opcodes = _readable(raw_opcodes, cut, kept)
     return BreakView(
         boundary=boundary,
         level="token" if token_level else "string",
@@ -221,25 +256,133 @@ def cause_url(cause: Cause, model: LoadedModel) -> str | None:
                       hub_file)
 
 
+@dataclass(frozen=True)
+class ErrorExplanation:
+    """Why an error cell has no PRR result: where it failed (with the lines around it and a link), why, and what
+    would let the request render."""
+
+    location: str | None  # "template.jinja:314", when the failure names a template line
+    url: str | None
+    excerpt: tuple[tuple[int, str], ...]  # (line number, text) around the failing line
+    line: int | None
+    why: str
+    fix: str
+
+
+# What each kind of failure means and what lets the request render; matched on the failure's sentence (data).
+ERROR_KINDS: tuple[tuple[str, str, str], ...] = (
+    (r"'dict object' has no attribute '(?P<key>\w+)'",
+     "the template reads `message.{key}` unconditionally, and the message the client sent back for the model's "
+     "turn has no {key!r} key (an engine returns an empty answer as null, and the request drops null keys).",
+     "send the key (an empty string rather than null) or guard the line with `message.{key} is defined`"),
+    (r"rejects the next request",
+     "the engine refused to build the next request from the history the client sent back.",
+     "send the history in the form the engine accepts (see the engine's sentence above)"),
+    (r"\(render (time|output) limit\)|limit\)$",
+     "the template did not finish within the sandbox's limits.",
+     "look for an unbounded loop or recursion in the template"),
+    (r"raised at line|failed at line",
+     "the template failed while rendering the request that follows the model's turn.",
+     "make the template accept this conversation (see the line highlighted)"),
+)
+_FAILED_LINE = re.compile(r"(?:raised|failed) at line (\d+)")
+
+
+def source_excerpt(lines: list[str], line: int, around: int = 3, end: int | None = None
+                   ) -> tuple[tuple[int, str], ...]:
+    """(line number, text) of the lines around `line` (or the span `line`..`end`), whole (never cut)."""
+    last = end or line
+    return tuple((n, lines[n - 1]) for n in range(max(1, line - around), min(len(lines), last + around) + 1))
+
+
+def explain_error(cell: CellResult, model: LoadedModel, around: int = 3) -> ErrorExplanation | None:
+    """The explanation of an error cell (None for any other status)."""
+    if cell.status != "error" or not cell.note:
+        return None
+    found = _FAILED_LINE.search(cell.note)
+    line = int(found.group(1)) if found else None
+    location = url = None
+    excerpt: tuple[tuple[int, str], ...] = ()
+    if line is not None:
+        lines = model.renderer.source_lines()
+        path = model.renderer.source_path
+        location = f"{path}:{line}"
+        hub_file = model.spec.assets["chat_template"].hub_file if "chat_template" in model.spec.assets else ""
+        url = source_url("template", path, line, None, model.spec.hub_repo, hub_file) if "+" not in cell.model \
+            else None  # an upload has no public copy to link to
+        excerpt = source_excerpt(lines, line, around)
+    why, fix = "the request could not be rendered.", "see the sentence above"
+    for pattern, why_text, fix_text in ERROR_KINDS:
+        matched = re.search(pattern, cell.note)
+        if matched:
+            why, fix = why_text.format(**matched.groupdict()), fix_text.format(**matched.groupdict())
+            break
+    others = _engines_where_it_renders(cell)
+    if others:
+        fix += f"; {', '.join(others)} render{'s' if len(others) == 1 else ''} this scenario for {cell.model}"
+    return ErrorExplanation(location, url, excerpt, line, why, fix)
+
+
+def _engines_where_it_renders(cell: CellResult) -> list[str]:
+    """The other engines (at their versions) whose cell for the same stock model and scenario is not an error."""
+    from engine.parsers import list_engines
+
+    if "+" in cell.model:
+        return []
+    current = engine_spec(cell)
+    out = []
+    for engine in (*list_engines(), "bridge"):
+        if engine == current:
+            continue
+        other = run_cell(cell.model, cell.scenario, engine, dict(cell.kwargs))
+        if other.status in ("holds", "breaks"):
+            out.append(f"{engine_spec(other)} ({other.status})")
+    return out
+
+
 Opcode = tuple[str, int, int, int, int]
 
 
-def _readable(opcodes: list[Opcode], min_equal: int = 4) -> list[Opcode]:
-    """Fold short equal runs between two changes into one replace, so `<think>` vs `<tool_call>` reads as one
-    change instead of a scatter of matched letters."""
+def _whole_tokens(opcodes: list[Opcode], prev_cuts: set[int], next_cuts: set[int]) -> list[Opcode]:
+    """Each equal run narrowed to the part that is whole tokens on both sides (the rest joins the changes)."""
     out: list[Opcode] = []
-    for i, op in enumerate(opcodes):
-        tag, a1, a2, b1, b2 = op
-        between = 0 < i < len(opcodes) - 1
-        if out and (tag != "equal" or (between and a2 - a1 < min_equal)) and out[-1][0] != "equal":
+    for tag, a1, a2, b1, b2 in opcodes:
+        if tag != "equal":
+            out.append((tag, a1, a2, b1, b2))
+            continue
+        lead = next((d for d in range(a2 - a1 + 1) if a1 + d in prev_cuts and b1 + d in next_cuts), None)
+        tail = next((d for d in range(a2 - a1 + 1) if a2 - d in prev_cuts and b2 - d in next_cuts), None)
+        if lead is None or tail is None or a1 + lead >= a2 - tail:
+            out.append(("replace", a1, a2, b1, b2))
+            continue
+        if lead:
+            out.append(("replace", a1, a1 + lead, b1, b1 + lead))
+        out.append(("equal", a1 + lead, a2 - tail, b1 + lead, b2 - tail))
+        if tail:
+            out.append(("replace", a2 - tail, a2, b2 - tail, b2))
+    return out
+
+
+def _readable(opcodes: list[Opcode], cut: int, kept: Callable[[int, int, int, int], bool]) -> list[Opcode]:
+    """The character diff as a reader pairs it: the common prefix ends at `cut` (the start of the first differing
+    token, so `<think>` vs `<tool_call>` is one change, not `<t` + `hink>` vs `ool_call>`), and an equal run after
+    the first change is kept only where `kept` says it is a real common part (whole tokens on both sides) —
+    otherwise "call" of "should call" would be paired with "call" of "tool_call"."""
+    if opcodes and opcodes[0][0] == "equal" and opcodes[0][2] > cut and len(opcodes) > 1:
+        _, _, a2, _, _ = opcodes[0]
+        tag, _, na2, _, nb2 = opcodes[1]
+        opcodes = [("equal", 0, cut, 0, cut), ("replace", cut, na2, cut, nb2), *opcodes[2:]]
+    out: list[Opcode] = []
+    for i, (tag, a1, a2, b1, b2) in enumerate(opcodes):
+        if tag == "equal" and (i == 0 or kept(a1, a2, b1, b2)):
+            out.append((tag, a1, a2, b1, b2))
+        elif out and out[-1][0] != "equal":
             _, pa1, _, pb1, _ = out[-1]
             out[-1] = ("replace", pa1, a2, pb1, b2)
-        elif tag == "equal" and between and a2 - a1 < min_equal:
-            out.append(("replace", a1, a2, b1, b2))
         else:
-            out.append(op)
+            out.append(("replace", a1, a2, b1, b2))
     return [("delete" if b1 == b2 else "insert" if a1 == a2 else tag, a1, a2, b1, b2) if tag == "replace" else
-            (tag, a1, a2, b1, b2) for tag, a1, a2, b1, b2 in out]
+            (tag, a1, a2, b1, b2) for tag, a1, a2, b1, b2 in out if a1 != a2 or b1 != b2]
 
 
 def _focus_break(cell: CellResult) -> Boundary | None:
@@ -278,8 +421,62 @@ def engine_spec(cell: CellResult) -> str:
     return f"{cell.engine}@{cell.engine_version}" if cell.engine_version else cell.engine
 
 
-def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8) -> dict:
-    """Everything needed to reproduce and show one cell."""
+def upload_json(workspace_root: str | Path, upload_id: str) -> dict:
+    """What replaying a custom-template cell needs: the base model, the label, and each uploaded file with its
+    sha256; the template and tokenizer_config.json with their text (a tokenizer file only by name and hash: replay
+    reads it from the workspace, as it may be 50 MB)."""
+    from engine.uploads import TEXT_ROLES
+    from engine.workspace import Workspace
+
+    workspace = Workspace(workspace_root)
+    upload = workspace.get(upload_id)
+    files = {}
+    for stored in upload.files:
+        entry = {"name": stored.name, "sha256": stored.sha256}
+        if stored.role in TEXT_ROLES:
+            entry["text"] = workspace.read_file(upload, stored.role).decode("utf-8")
+        files[stored.role] = entry
+    return {"id": upload.id, "base_model": upload.base_model, "label": upload.label, "files": files}
+
+
+def upload_model(upload: dict, where: str) -> LoadedModel:
+    """The custom model an evidence file describes, validated and rebuilt in a temporary workspace (a tokenizer
+    file is taken, by its sha256, from the uploads in $DRIFT_WORKSPACE)."""
+    import tempfile
+
+    from engine.workspace import Workspace, default_root
+
+    try:
+        base, label, described = upload["base_model"], upload["label"], upload["files"]
+        files: dict[str, tuple[str, bytes]] = {}
+        for role, entry in described.items():
+            if "text" in entry:
+                files[role] = (entry["name"], entry["text"].encode("utf-8"))
+                continue
+            data = _stored_file(Workspace(default_root()), entry["sha256"])
+            if data is None:
+                raise ExplorerError(f"{where}: the upload's {entry['name']} (sha256 {entry['sha256'][:12]}…) is not "
+                                    f"in the evidence and not in the workspace {default_root()}: upload it there to "
+                                    "replay this cell")
+            files[role] = (entry["name"], data)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ExplorerError(f"{where}: the evidence's upload is malformed: missing {err}") from err
+    with tempfile.TemporaryDirectory(prefix="drift-replay-") as folder:
+        workspace = Workspace(folder)
+        return workspace.load_model(workspace.add(base, files, label).id)
+
+
+def _stored_file(workspace, sha256: str) -> bytes | None:
+    for stored_upload in workspace.list().uploads:
+        for stored in stored_upload.files:
+            if stored.sha256 == sha256:
+                return workspace.read_file(stored_upload, stored.role)
+    return None
+
+
+def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8, upload: dict | None = None) -> dict:
+    """Everything needed to reproduce and show one cell (`upload`: upload_json of a custom-template cell's upload,
+    so that the evidence carries the template it ran)."""
     focus = _focus_break(cell)
     boundaries = []
     for b in cell.boundaries:
@@ -303,6 +500,7 @@ def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8) -> dic
         "result": cell_json(cell),
         "boundaries": boundaries,
         "break": _view_json(break_view(model, focus, context)) if focus else None,
+        **({"upload": upload} if upload is not None else {}),
     }
 
 
@@ -337,6 +535,13 @@ def cell_markdown(cell: CellResult, model: LoadedModel, context: int = 8) -> str
         out.append(f"- asset `{name}` sha256 `{digest}`")
     if cell.note:
         out.append(f"- note: {cell.note}")
+    explained = explain_error(cell, model)
+    if explained is not None:
+        if explained.location:
+            out += ["", f"Failed at `{explained.location}`" + (f" ({explained.url})" if explained.url else "") + ":",
+                    "", _fence("\n".join(f"{n:>4}{'>' if n == explained.line else ' '} {text}"
+                                         for n, text in explained.excerpt))]
+        out += ["", f"**Why**: {explained.why}", "", f"**Fix**: {explained.fix}"]
     focus = _focus_break(cell)
     if focus is None:
         last = cell.boundaries[-1] if cell.boundaries else None
@@ -377,9 +582,10 @@ def _cell_text(text: str) -> str:
 def matrix_markdown(cells: list[CellResult]) -> str:
     """The matrix as a table (a row per scenario, a column per model × engine), then each cause with its fix."""
     models = list(dict.fromkeys(c.model for c in cells))
-    engines = list(dict.fromkeys(c.engine for c in cells))
+    # Keyed by engine@version: two versions of one engine are two columns, each header naming its version.
+    engines = list(dict.fromkeys(engine_spec(c) for c in cells))
     scenarios = list(dict.fromkeys(c.scenario for c in cells))
-    by_key = {(c.scenario, c.model, c.engine): c for c in cells}
+    by_key = {(c.scenario, c.model, engine_spec(c)): c for c in cells}
     header = "| scenario | " + " | ".join(f"{m} {e}" for m in models for e in engines) + " |"
     rule = "|---" * (1 + len(models) * len(engines)) + "|"
     rows = [header, rule]
@@ -528,7 +734,8 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
         model_id, scenario_id, engine, kwargs = repro["model"], repro["scenario"], repro["engine"], repro["kwargs"]
     except (KeyError, TypeError) as err:
         raise ExplorerError(f"{where}: not drift evidence: missing {err}") from err
-    model = load_model(model_id)
+    upload = evidence.get("upload")
+    model = upload_model(upload, where) if upload is not None else load_model(model_id)
     diffs = []
     for name, digest in evidence.get("asset_hashes", {}).items():
         now = model.asset_hashes.get(name)
@@ -539,8 +746,9 @@ def _replay_one(evidence: dict, where: str) -> list[str]:
         diffs.append(f"{where}: scenario file {scenario_now['source']} changed since the export")
     if scenario_now.get("preamble") != evidence.get("scenario", {}).get("preamble"):
         diffs.append(f"{where}: the scenario's preamble in scenarios/preambles.yaml changed since the export")
-    cell = run_cell(model_id, scenario_id, engine, kwargs)
-    now = cell_evidence(cell, model)
+    cell = run_cell_with(model, scenario_id, engine, kwargs) if upload is not None else \
+        run_cell(model_id, scenario_id, engine, kwargs)
+    now = cell_evidence(cell, model, upload=upload)
     label = f"{where} ({model_id} × {scenario_id} × {engine})"
     for key in _COMPARED:
         if now["result"][key] != evidence["result"].get(key):

@@ -9,6 +9,7 @@ are spread over processes; the JSON holds only what the seed determines (timings
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -17,12 +18,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engine.errors import ExplorerError
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
 from engine.scenario import Scenario, ScriptTurn, tool_library
+
+if TYPE_CHECKING:
+    from engine.simulate import CellResult
 
 Z_95 = 1.959963984540054
 
@@ -361,19 +365,68 @@ def run_fuzz(model_id: str, engine: str, n: int, seed: int, workers: int | None 
     return report
 
 
-def stderr_progress() -> Callable[[int, int], None]:
+def stderr_progress(stream: TextIO | None = None) -> Callable[[int, int], None]:
+    """Progress on stderr: one line rewritten in place on a terminal; otherwise (a log, a pipe, CI) whole lines,
+    each ending in a newline and at most one every 2 s, so that they never run together."""
+    out = stream or sys.stderr
+    tty = out.isatty()
+    every = 0.5 if tty else 2.0
     state = {"last": 0.0, "start": time.perf_counter()}
 
     def show(done: int, total: int) -> None:
         now = time.perf_counter()
-        if done == total or now - state["last"] >= 0.5:
+        if done == total or now - state["last"] >= every:
             state["last"] = now
-            print(f"\rfuzz: {done}/{total} conversations, {now - state['start']:.1f} s", end="", file=sys.stderr,
-                  flush=True)
-            if done == total:
-                print(file=sys.stderr)
+            line = f"fuzz: {done}/{total} conversations, {now - state['start']:.1f} s"
+            if tty:
+                print(f"\r{line}", end="\n" if done == total else "", file=out, flush=True)
+            else:
+                print(line, file=out, flush=True)
 
     return show
+
+
+def conversation(model_id: str, engine: str, seed: int, index: int) -> tuple[Scenario, CellResult]:
+    """Conversation `index` of a run with `seed` (the report's "e.g. conversation N") and its cell, to look at."""
+    from engine.models import load_model
+    from engine.simulate import local_scenario, run_cell_with
+
+    _check_inputs(model_id, engine)
+    model = load_model(model_id)
+    scenario = random_scenario(model.spec.family, seed, index)
+    with local_scenario(scenario):
+        return scenario, run_cell_with(model, scenario.id, engine, {})
+
+
+def conversation_text(scenario: Scenario, cell: CellResult) -> str:
+    """The conversation turn by turn (whitespace made visible), then the cell's status and cause."""
+    def shown(text: str) -> str:
+        return text.replace("\n", "↵")
+
+    lines = [f"# {scenario.description} ({scenario.source})", f"tools: {len(scenario.tools or [])} declared"]
+    if scenario.system:
+        lines.append(f"system: {shown(scenario.system)}")
+    for turn in scenario.turns:
+        if turn.assistant is None:
+            lines.append(f"{turn.role}: {shown(turn.text)}")
+            continue
+        a = turn.assistant
+        lines.append("assistant:" + (f" [{a.knobs.describe()}]" if a.knobs.describe() else "")
+                     + (" [non-canonical tokens]" if turn.noncanonical_tokens else ""))
+        if a.reasoning is not None:
+            lines.append(f"  reasoning: {shown(a.reasoning)}")
+        if a.content:
+            lines.append(f"  content: {shown(a.content)}")
+        for call in a.tool_calls:
+            lines.append(f"  tool call: {call.name} {json.dumps(call.arguments, ensure_ascii=False)}")
+    lines.append(f"result: {cell.status} through {cell.engine}" + (f"@{cell.engine_version}" if cell.engine_version
+                                                                    else ""))
+    if cell.cause is not None:
+        lines.append(f"cause: {cell.cause.stage} {cell.cause.kind} at {cell.cause.location} ({cell.cause.origin}): "
+                     f"{cell.cause.detail}")
+    elif cell.note:
+        lines.append(f"note: {cell.note}")
+    return "\n".join(lines)
 
 
 def report_text(r: FuzzReport) -> str:
@@ -389,6 +442,9 @@ def report_text(r: FuzzReport) -> str:
     for c in r.causes:
         lines.append(f"  {c.rate:7.2%} [{c.ci_low:.2%}-{c.ci_high:.2%}] {c.count:>5}  {c.stage} {c.kind} at "
                      f"{c.location or '?'} ({c.origin}); e.g. conversation {c.first_conversation}")
+    if r.causes:
+        lines.append(f"see one: python -m engine fuzz --model {r.model} --engine {r.engine} --seed {r.seed} "
+                     f"--show {r.causes[0].first_conversation}")
     if r.unavailable:
         lines.append(r.unavailable)
     return "\n".join(lines)

@@ -27,6 +27,7 @@ class TemplateKwarg:
     name: str
     default: Any
     help: str = ""
+    choices: tuple[Any, ...] = ()  # the values a non-boolean kwarg takes (gpt-oss reasoning_effort: low/medium/high)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def spec_from_manifest(raw: dict[str, Any], path: Path) -> ModelSpec:
             assets[name] = AssetSpec(name=name, **{k: v for k, v in entry.items() if k in _ASSET_FIELDS})
             extras[name] = {k: v for k, v in entry.items() if k not in _ASSET_FIELDS}
         kwargs = tuple(
-            TemplateKwarg(name=k, default=v.get("default"), help=v.get("help", ""))
+            TemplateKwarg(name=k, default=v.get("default"), help=v.get("help", ""), choices=tuple(v.get("choices", ())))
             for k, v in raw.get("template_kwargs", {}).items()
         )
         return ModelSpec(

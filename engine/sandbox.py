@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.types import Rendered
+from engine.render.constructs import Construct, Evaluation
+from engine.types import Rendered, RenderRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 _HEADER = struct.Struct(">I")
@@ -356,6 +357,7 @@ class SandboxedRenderer:
         key_material = json.dumps([source, model, source_path, sorted(self._special_tokens.items())],
                                   ensure_ascii=False)
         self._key = hashlib.sha256(key_material.encode("utf-8", "surrogatepass")).hexdigest()
+        self._constructs: tuple | None = None
         self._request("compile", {})
 
     def source_lines(self) -> list[str]:
@@ -376,6 +378,45 @@ class SandboxedRenderer:
                 source_path=self.source_path,
                 origin=self.origin,
             )
+        except (KeyError, TypeError, ValueError) as err:
+            raise RenderError(f"{self.source_path} for model {self.model} got a malformed reply from the sandbox "
+                              f"worker ({err})", model=self.model, path=self.source_path) from None
+
+    def constructs(self) -> tuple[Construct, ...]:
+        """The template's constructs, as the worker's instrumented compile lists them (engine.render.constructs)."""
+        return self._structure()[0]
+
+    def construct_aliases(self) -> dict[str, frozenset[str]]:
+        return self._structure()[1]
+
+    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
+        return self._structure()[2]
+
+    def _structure(self) -> tuple:
+        if self._constructs is None:
+            reply = self._request("constructs", {})
+            try:
+                self._constructs = (
+                    tuple(Construct(**{**c, "names": frozenset(c["names"])}) for c in reply["constructs"]),
+                    {name: frozenset(read) for name, read in reply["aliases"].items()},
+                    {name: tuple(lines) for name, lines in reply["assigned_at"].items()})
+            except (KeyError, TypeError, ValueError) as err:
+                raise RenderError(f"{self.source_path} for model {self.model} got a malformed reply from the sandbox "
+                                  f"worker ({err})", model=self.model, path=self.source_path) from None
+        return self._constructs
+
+    def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
+                              undo: frozenset[int] = frozenset(),
+                              substitute: dict[int, dict[str, str]] | None = None) -> tuple[str, list[Evaluation]]:
+        """As JinjaRenderer.render_counterfactual, in the worker; values that are not text come back as their repr
+        (blame compares them, never reads them)."""
+        reply = self._request("counterfactual", {
+            "messages": request.messages, "tools": request.tools,
+            "add_generation_prompt": request.add_generation_prompt, "kwargs": request.kwargs,
+            "undo_from": undo_from, "undo": sorted(undo),
+            "substitute": {str(k): v for k, v in (substitute or {}).items()}})
+        try:
+            return reply["text"], [Evaluation(*entry) for entry in reply["evaluations"]]
         except (KeyError, TypeError, ValueError) as err:
             raise RenderError(f"{self.source_path} for model {self.model} got a malformed reply from the sandbox "
                               f"worker ({err})", model=self.model, path=self.source_path) from None
@@ -576,6 +617,19 @@ class _WorkerState:
             if op == "compile":
                 return {"ok": True}
             renderer.max_chars = request["max_chars"]
+            if op == "constructs":
+                return {"constructs": [{**vars(c), "names": sorted(c.names)} for c in renderer.constructs()],
+                        "aliases": {k: sorted(v) for k, v in renderer.construct_aliases().items()},
+                        "assigned_at": {k: list(v) for k, v in renderer.construct_assignments().items()}}
+            if op == "counterfactual":
+                text, evaluations = renderer.render_counterfactual(
+                    RenderRequest(request["messages"], request["tools"], request["add_generation_prompt"],
+                                  request["kwargs"] or {}),
+                    undo_from=request["undo_from"], undo=frozenset(request["undo"]),
+                    substitute={int(k): v for k, v in request["substitute"].items()})
+                return {"text": text, "evaluations": [
+                    [e.construct, e.message, _as_reply_value(e.before), _as_reply_value(e.after)]
+                    for e in evaluations]}
             rendered = renderer.render(request["messages"], request["tools"],
                                        add_generation_prompt=request["add_generation_prompt"],
                                        kwargs=request["kwargs"])
@@ -646,6 +700,13 @@ class _WorkerState:
             return {"error": {"kind": "explorer", "message": _cap(str(err))}}
         except MemoryError:
             return {"error": {"kind": "limit", "limit": "memory", "message": "memory limit"}}
+
+
+def _as_reply_value(value: Any) -> Any:
+    """A construct's input or result as JSON: text, booleans and None as they are, anything else as its repr."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    return _cap(repr(value))
 
 
 def _limit(limit: str, message: str, line: int | None) -> dict:

@@ -416,6 +416,23 @@ def _request_input(script: SessionScript, request: int, last_step: int,
     return system + steps, tools
 
 
+def _decode_tokens(prompt: Rendered, prompt_tokens, sequence: Rendered, sequence_tokens, reply_index: int) -> int:
+    """The completion's tokens: what the sequence holds after the prompt. When the template re-renders the history
+    once the reply is added (GPT-OSS drops earlier analysis turns before a final answer), the sequence no longer
+    starts with the prompt, and the completion is the reply's own span after the generation prompt the prompt
+    ended with, not the difference of the two lengths (which went negative: request 3 of the handbook, -74)."""
+    if sequence.text.startswith(prompt.text):
+        return len(sequence_tokens.ids) - len(prompt_tokens.ids)
+    from engine.provenance import spans
+
+    start = next((span.start for span in spans(sequence) if span.message_index == reply_index), len(sequence.text))
+    # The reply's span begins with the generation prompt (`<|start|>assistant`), which was prefilled, not decoded.
+    generation = next((n for n in range(min(len(prompt.text), len(sequence.text) - start), 0, -1)
+                       if sequence.text.startswith(prompt.text[-n:], start)), 0)
+    completion_start = start + generation
+    return sum(1 for token_start, _ in sequence_tokens.offsets if token_start >= completion_start)
+
+
 def simulate_session(
     model: LoadedModel,
     script: SessionScript,
@@ -481,7 +498,8 @@ def simulate_session(
             prompt_tokens=len(prompt_tokenized.ids),
             reusable_tokens=reuse.token,
             prefill_tokens=len(prompt_tokenized.ids) - reuse.token,
-            decode_tokens=len(sequence_tokenized.ids) - len(prompt_tokenized.ids) if reply else None,
+            decode_tokens=_decode_tokens(prompt, prompt_tokenized, sequence, sequence_tokenized, len(messages))
+            if reply else None,
             block_reusable_tokens=reuse.block,
             hybrid_reusable_tokens=reuse.hybrid,
             sequence_tokens=len(sequence_tokenized.ids),

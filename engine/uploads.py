@@ -16,7 +16,8 @@ The caps are far above real files (chat templates are tens of KB, the largest Hu
 1. sizes (before anything is decoded), roles, and that the base model exists;
 2. UTF-8 (with the byte offset of the first bad byte) and no NUL bytes in text files;
 3. `tokenizer_config.json`: a JSON object; `chat_template` is a string or a list of `{name, template}` (the one
-   named "default" is used); `*_token` entries are strings or `{"content": ...}`;
+   named "default" is used); `*_token` entries are strings or `{"content": ...}` (booleans and numbers such as
+   `add_bos_token: true` are settings and are skipped); `added_tokens_decoder` maps ids to `{"content": ...}`;
 4. Jinja syntax, compiled in the sandbox (engine/sandbox.py), with the line and column of the error;
 5. that the template renders the base model's basic conversation (the first request of scenario `tool-call`)
    within the render limits, to a non-empty prompt;
@@ -24,7 +25,8 @@ The caps are far above real files (chat templates are tens of KB, the largest Hu
    `tiktoken.model` (`<base64> <rank>` lines, distinct contiguous ranks, Kimi's rank count), each loaded in a
    fresh worker under `DRIFT_UPLOAD_LOAD_TIMEOUT_S` (60 s) and `DRIFT_UPLOAD_LOAD_MEMORY_MB` (3072 MB);
 7. that every special token the template emits in that conversation (`<|im_start|>`, `<think>`, ...) is one
-   token in the uploaded tokenizer.
+   token in the uploaded tokenizer, or, with no tokenizer uploaded, in the base model's (a Llama 3.1 template
+   for qwen3.5 is refused: its `<|start_header_id|>` would be seven ordinary Qwen tokens).
 
 When both a `.jinja` and a `tokenizer_config.json` with a `chat_template` are uploaded, the `.jinja` wins, as in
 transformers. API: `UploadLimits`, `UploadError`, `read_capped`, `validate_upload` -> `ValidatedUpload`.
@@ -163,7 +165,7 @@ def validate_upload(base_model: str, files: dict[str, tuple[str, bytes]], *, lim
         name, data = files["chat_template"]
         template_source, template_name = decode_text(bytes(data), name), name
 
-    prompt = _probe_prompt(base_model, spec, template_source, template_name, special_tokens, render_limits)
+    prompt = probe_prompt(base_model, spec, template_source, template_name, special_tokens, render_limits)
     if "tokenizer" in files or "tiktoken" in files:
         role = "tokenizer" if "tokenizer" in files else "tiktoken"
         name, data = files[role]
@@ -177,6 +179,17 @@ def validate_upload(base_model: str, files: dict[str, tuple[str, bytes]], *, lim
             raise UploadError(f"{name} has no single token for {missing[0]!r}, which {emitter} emits in the first "
                               f"request of scenario {PROBE_SCENARIO}: the tokenizer does not match the template"
                               + (f" (also missing: {', '.join(map(repr, missing[1:4]))})" if missing[1:] else ""))
+    elif template_source is not None and (base_tokenizer := load_model(base_model).tokenizer) is not None:
+        # The upload renders with the base model's tokenizer: a marker it splits is text, not a special token.
+        probes = special_token_candidates(prompt, spec.special_tokens, special_tokens, base_tokenizer)
+        split = {p: len(base_tokenizer.encode(p).ids) for p in probes}
+        missing = [p for p, count in split.items() if count != 1]
+        if missing:
+            raise UploadError(f"{template_name} emits {missing[0]!r} in the first request of scenario "
+                              f"{PROBE_SCENARIO}, which the {base_model} tokenizer splits into {split[missing[0]]} "
+                              "ordinary tokens: the template is not for this tokenizer (upload the tokenizer.json "
+                              "it belongs to, or pick its base model)"
+                              + (f" (also split: {', '.join(map(repr, missing[1:4]))})" if missing[1:] else ""))
     return ValidatedUpload(base_model, tuple(checked), template_source, template_name, special_tokens, prompt)
 
 
@@ -238,9 +251,20 @@ def parse_tokenizer_config(data: bytes, name: str) -> tuple[str | None, dict[str
     elif template is not None and not isinstance(template, str):
         raise UploadError(f"{name}: chat_template must be a string or a list of {{name, template}} objects, not "
                           f"{_json_kind(template)}")
+    decoder = config.get("added_tokens_decoder")
+    if decoder is not None:
+        if not isinstance(decoder, dict):
+            raise UploadError(f"{name}: added_tokens_decoder must be an object of token id -> token, not "
+                              f"{_json_kind(decoder)}")
+        for token_id, token in decoder.items():
+            if not (token_id.isdigit() and isinstance(token, dict) and isinstance(token.get("content"), str)):
+                raise UploadError(f"{name}: added_tokens_decoder[{token_id!r}] must map a numeric id to an object "
+                                  "with a string 'content'")
     tokens: dict[str, str] = {}
     for key, value in config.items():
-        if not key.endswith("_token") or value is None:
+        # Hub configs hold flags under the same suffix (add_bos_token: true, split_special_tokens: false): a
+        # boolean or a number is a setting, not a token, and transformers passes no such key to the template.
+        if not key.endswith("_token") or value is None or isinstance(value, bool | int | float):
             continue
         content = value.get("content") if isinstance(value, dict) else value
         if not isinstance(content, str):
@@ -255,9 +279,11 @@ def _json_kind(value: Any) -> str:
         type(value), "a number")
 
 
-def _probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str | None,
-                  special_tokens: dict[str, str], render_limits: RenderLimits | None) -> str:
-    """The first request of the probe scenario as the upload's template renders it (the base's without one)."""
+def probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str | None,
+                 special_tokens: dict[str, str], render_limits: RenderLimits | None, *,
+                 label: str | None = None) -> str:
+    """The first request of the probe scenario (the basic conversation) as the upload's template renders it (the
+    base's without one); UploadError, one sentence, when it cannot be rendered or renders nothing."""
     from engine.models import load_model
     from engine.sandbox import RenderLimitExceeded, SandboxedRenderer, TemplateSyntaxProblem
     from engine.scenario import load_scenario
@@ -274,7 +300,7 @@ def _probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: st
         return renderer.render(messages, scenario.tools, add_generation_prompt=True, kwargs=kwargs).text
     assert name is not None
     try:
-        renderer = SandboxedRenderer(source, model=f"{base_model} (upload)", source_path=name,
+        renderer = SandboxedRenderer(source, model=label or f"{base_model} (upload)", source_path=name,
                                      special_tokens=special_tokens, limits=render_limits)
         text = renderer.render(messages, scenario.tools, add_generation_prompt=True, kwargs=kwargs).text
     except TemplateSyntaxProblem as err:

@@ -25,7 +25,9 @@ from engine.evidence import (
     char_diff_html,
     engine_spec,
     evidence_html,
+    explain_error,
     side_by_side_html,
+    source_excerpt,
     visible,
 )
 from engine.models import LoadedModel, load_model
@@ -36,7 +38,10 @@ from engine.types import Cause
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
           "✗ -N tok: breaks, N tokens of the previous sequence must be prefilled again (chr: string level) · "
-          "! error: the template or engine refuses the request · – unavailable: not emulated or no tokenizer")
+          "✓ str: holds as a string, breaks as tokens (string level shown) · "
+          "! error: the template or engine refuses the request · – unavailable: not emulated or no tokenizer · "
+          "◆ your upload differs from the stock template · ✎ the column's template kwargs are toggled · "
+          "hover a header for its template, a scenario header for every scenario")
 
 
 @st.cache_resource(show_spinner=False)
@@ -45,7 +50,7 @@ def cached_model(model_id: str) -> LoadedModel:
 
 
 def status_style(label: str) -> str:
-    status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label[:1], "")
+    status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label.removeprefix("≠ ")[:1], "")
     return f"background-color: {STATUS_COLOURS[status]}" if status else ""
 
 
@@ -134,12 +139,32 @@ def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
         return
     line = int(line_part.split("-")[0])
     end = int(line_part.split("-")[1]) if "-" in line_part and line_part.split("-")[1].isdigit() else line
-    lines = model.renderer.source_lines()
-    lo, hi = max(1, line - around), min(len(lines), end + around)
+    # The whole construct highlighted, with `around` lines either side.
+    _excerpt_table(source_excerpt(model.renderer.source_lines(), line, around, end), line, end)
+
+
+def _excerpt_table(excerpt: tuple[tuple[int, str], ...], line: int | None, end: int | None = None) -> None:
+    _css()  # monospace, whitespace kept: the template's indentation shows its nesting
+    last = end or line
     rows = "".join(
-        f"<tr style='{'background:#fff8c5;font-weight:600' if line <= n <= end else ''}'><td>{n}</td>"
-        f"<td class='tok'>{html.escape(lines[n - 1])}</td></tr>" for n in range(lo, hi + 1))
+        f"<tr style='{'background:#fff8c5;font-weight:600' if line is not None and line <= n <= last else ''}'>"
+        f"<td>{n}</td><td class='tok'>{html.escape(text)}</td></tr>" for n, text in excerpt)
     st.html(f"<table>{rows}</table>")
+
+
+def error_card(cell: CellResult, model: LoadedModel) -> None:
+    """An error cell: the failure's sentence, the template lines around it with a link, why, and the fix."""
+    explained = explain_error(cell, model)
+    st.error(cell.note or cell.status)
+    if explained is None:
+        return
+    with st.container(border=True):
+        if explained.location:
+            where = f"[`{explained.location}`]({explained.url})" if explained.url else f"`{explained.location}`"
+            st.markdown(f"**Failed at** {where}")
+            _excerpt_table(explained.excerpt, explained.line)
+        st.markdown(f"**Why:** {explained.why}")
+        st.markdown(f"**Fix:** {explained.fix}")
 
 
 def boundaries_table(cell: CellResult) -> pd.DataFrame:
@@ -151,14 +176,18 @@ def boundaries_table(cell: CellResult) -> pd.DataFrame:
     } for b in cell.boundaries])
 
 
-def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
-    """The detail of one cell: figures, every boundary, the break side by side, the cause, exports."""
+def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str,
+              upload: dict | None = None) -> None:
+    """The detail of one cell: figures, every boundary, the break side by side, the cause, exports (`upload`: a
+    custom column's upload_json, carried by its evidence so that it replays)."""
     scenario = load_scenario(cell.scenario)
     st.subheader(f"{cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}")
     st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
-    if cell.status in ("error", "unavailable"):
-        (st.error if cell.status == "error" else st.info)(cell.note or cell.status)
+    if cell.status == "error":
+        error_card(cell, model)
+    elif cell.status == "unavailable":
+        st.info(cell.note or cell.status)
     elif cell.note:
         st.info(cell.note)
     if len(cell.boundaries) > 1:
@@ -176,22 +205,27 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
         st.success(f"Every boundary holds: the next prompt extends the previous sequence "
                    f"({last.reused_tokens if last.reused_tokens is not None else last.string_prefix.common} "
                    f"{'tokens' if last.reused_tokens is not None else 'chars'} reused at the last boundary).")
-    export_buttons(cell, model, key)
+    export_buttons(cell, model, key, upload)
 
 
-def export_buttons(cell: CellResult, model: LoadedModel, key: str) -> None:
+def export_buttons(cell: CellResult, model: LoadedModel, key: str, upload: dict | None = None) -> None:
     stem = f"{cell.model}_{cell.scenario}_{engine_spec(cell)}".replace("@", "-").replace("/", "-")
     cols = st.columns(3)
     try:
-        cols[0].download_button("Evidence JSON", json.dumps(cell_evidence(cell, model), ensure_ascii=False,
-                                                             indent=2), f"{stem}.json", "application/json",
-                                key=f"{key}:json", on_click="ignore")
+        evidence = json.dumps(cell_evidence(cell, model, upload=upload), ensure_ascii=False, indent=2)
+        cols[0].download_button("Evidence JSON", evidence, f"{stem}.json", "application/json", key=f"{key}:json",
+                                on_click="ignore")
         cols[1].download_button("Markdown", cell_markdown(cell, model), f"{stem}.md", "text/markdown",
                                 key=f"{key}:md", on_click="ignore")
         cols[2].download_button("HTML page", evidence_html([cell], {cell.model: model}), f"{stem}.html", "text/html",
                                 key=f"{key}:html", on_click="ignore")
     except ExplorerError as err:
         st.error(f"Export failed: {err}")
+        return
+    if upload is not None:
+        carried = ", ".join(f["name"] for f in upload["files"].values() if "text" in f)
+        st.caption(f"The evidence JSON carries {carried} (the upload's template text): `python -m engine replay "
+                   "FILE` rebuilds this column anywhere.")
 
 
 def describe_error(err: BaseException) -> str:
@@ -211,3 +245,28 @@ def user_kwargs(model: LoadedModel) -> dict[str, Any]:
         if value != kwarg.default:
             out[kwarg.name] = value
     return out
+
+
+def workspace_root() -> str:
+    """The uploads folder of this browser session ($DRIFT_WORKSPACE or the default; the Custom page can change it)."""
+    if "workspace_root" not in st.session_state:
+        from engine.workspace import default_root
+
+        st.session_state.workspace_root = str(default_root())
+    return st.session_state.workspace_root
+
+
+def init_custom_columns() -> None:
+    """Once per browser session, on whichever page opens first: every stored upload is a matrix column again
+    (after a refresh or a restart); the Custom page can hide one."""
+    if "custom_columns" in st.session_state:
+        return
+    st.session_state.custom_columns = {}
+    try:
+        from engine.workspace import Workspace
+
+        listing = Workspace(workspace_root()).list()
+    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
+        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
+        return
+    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from engine.models import default_model_ids, load_spec
-from engine.workspace import Workspace, default_root
-from pages.common import describe_error
+from engine.uploads import UploadLimits
+from engine.workspace import Workspace
+from pages.common import describe_error, init_custom_columns, workspace_root
 
 
-def _workspace() -> Workspace:
-    root = st.session_state.setdefault("workspace_root", str(default_root()))
-    return Workspace(root)
+def _megabytes(size: int) -> int:
+    """A byte cap as the whole megabytes the uploader shows (rounded up: validation refuses the excess exactly)."""
+    return max(1, math.ceil(size / (1024 * 1024)))
 
 
 def _upload_form(workspace: Workspace) -> None:
+    limits = UploadLimits.from_env()  # the caps validation enforces, shown on each uploader instead of "200MB"
     with st.form("upload", clear_on_submit=False):
         template = st.file_uploader("Chat template: a .jinja file or a tokenizer_config.json",
-                                    type=["jinja", "j2", "json", "txt"], key="upload:template")
+                                    type=["jinja", "j2", "json", "txt"], key="upload:template",
+                                    max_upload_size=_megabytes(limits.max_text_bytes))
         tokenizer = st.file_uploader("Optional tokenizer: tokenizer.json, or Kimi's tiktoken.model",
-                                     type=["json", "model"], key="upload:tokenizer")
+                                     type=["json", "model"], key="upload:tokenizer",
+                                     max_upload_size=_megabytes(limits.max_tokenizer_bytes))
         base = st.selectbox("Output format and engine parsers of", default_model_ids(), key="upload:base",
                             format_func=lambda m: f"{m} ({load_spec(m).family})")
         label = st.text_input("Label (the matrix column is named model+label)", value="custom", key="upload:label")
@@ -41,7 +47,7 @@ def _upload_form(workspace: Workspace) -> None:
         except Exception as err:  # noqa: BLE001 - every rejection is shown as its sentence; nothing else is lost
             st.error(describe_error(err))
             return
-    st.session_state.setdefault("custom_columns", {})[upload.id] = (upload.label, upload.base_model)
+    st.session_state.custom_columns[upload.id] = (upload.label, upload.base_model)
     st.success(f"Stored as {upload.id[:12]} in {workspace.root}; it is now a column next to {upload.base_model} "
                "in the matrix.")
 
@@ -58,7 +64,7 @@ def _listing(workspace: Workspace) -> None:
     if not uploads:
         st.info("No uploads yet.")
         return
-    shown = st.session_state.setdefault("custom_columns", {})
+    shown = st.session_state.custom_columns
     for upload in uploads:
         with st.container(border=True):
             cols = st.columns([5, 2, 1])
@@ -82,10 +88,11 @@ def main() -> None:
     st.title("Custom templates")
     st.caption("Your template runs in a sandboxed worker process with time, output, recursion and memory limits. "
                "Uploads are validated, stored by content hash and kept across restarts.")
-    root = st.text_input("Workspace folder", value=st.session_state.get("workspace_root", str(default_root())),
-                         help="Set DRIFT_WORKSPACE to change the default.")
+    # The matrix's columns are the stored uploads, whichever page this browser session opened first.
+    init_custom_columns()
+    root = st.text_input("Workspace folder", value=workspace_root(), help="Set DRIFT_WORKSPACE to change the default.")
     st.session_state.workspace_root = root
-    workspace = _workspace()
+    workspace = Workspace(root)
     _upload_form(workspace)
     st.subheader("Stored uploads")
     _listing(workspace)

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.evidence import evidence_html, matrix_csv, matrix_evidence
+from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
 from engine.parsers import list_engines
@@ -20,25 +20,42 @@ from pages.common import (
     LEGEND,
     cached_model,
     describe_error,
+    init_custom_columns,
     kwarg_state_key,
     show_cell,
     status_style,
     user_kwargs,
+    workspace_root,
 )
 
-INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35
-ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", "vLLM | SGLang")
+# Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position), and nine model
+# columns (six models and three uploads) fit beside the sidebar at 1280 px.
+INDEX_WIDTH, PAIR_INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 240, 80, 35
+SIDE_BY_SIDE = "vLLM | SGLang"
+ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", SIDE_BY_SIDE)
+# Streamlit's wide layout keeps 5rem on each side and a 300 px sidebar: narrower, the matrix has room at 1280 px.
+PAGE_CSS = ("<style>.block-container{padding-left:1.25rem;padding-right:1.25rem}"
+            "section[data-testid='stSidebar']{width:250px !important;min-width:250px !important}</style>")
 VERSIONS = {name: [s.split("@")[1] for s in list_engines() if s.startswith(name + "@")] for name in ("vllm", "sglang")}
 
 
 @dataclass(frozen=True)
 class Column:
-    """One matrix column: a model (stock or a custom upload) under one engine."""
+    """One matrix column: a model (stock or a custom upload); ✎ in its title when its kwargs are toggled."""
 
     title: str
     model_id: str
-    engine: str  # engine argument: "vllm@0.33.0", "raw", ...
     upload_id: str | None = None
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One matrix row: a scenario under one engine (side by side, each scenario has a vLLM and an SGLang row)."""
+
+    label: str
+    scenario: str
+    engine: str  # engine argument: "vllm@0.33.0", "raw", ...
 
 
 def _init_from_url() -> None:
@@ -101,43 +118,65 @@ def _custom_model(upload_id: str, workspace_root: str) -> LoadedModel:
 def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
     sb = st.sidebar
     sb.radio("Engine", ENGINE_VIEWS, key="engine_view", help="raw: lossless parse (the template alone); bridge: the "
-             "next prompt appended to the previous token ids")
+             "next prompt appended to the previous token ids; vLLM | SGLang: a row for each, ≠ where they differ")
     for name, versions in VERSIONS.items():
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
     sb.radio("Level", ("token", "string"), key="level", horizontal=True)
-    chosen_models = sb.multiselect("Models", models, default=models, key="models")
-    chosen_scenarios = sb.multiselect("Scenarios", scenario_ids(), default=scenario_ids(), key="scenarios")
+    # The kwargs come before the long model and scenario pickers, so that they stay in view.
     sb.markdown("**Template kwargs**")
-    for model_id in chosen_models:
+    chosen_models = st.session_state.get("models", models)
+    for model_id in [m for m in models if m in chosen_models]:
         spec = load_spec(model_id)
-        toggles = [k for k in spec.template_kwargs if isinstance(k.default, bool)]
-        if toggles:
-            with sb.expander(model_id):
-                for kwarg in toggles:
-                    st.checkbox(kwarg.name, value=kwarg.default, key=kwarg_state_key(model_id, kwarg.name),
-                                help=kwarg.help)
+        if not spec.template_kwargs:
+            continue
+        changed = [k.name for k in spec.template_kwargs
+                   if st.session_state.get(kwarg_state_key(model_id, k.name), k.default) != k.default]
+        with sb.expander(f"{model_id} ✎ {', '.join(changed)}" if changed else model_id):
+            for kwarg in spec.template_kwargs:
+                key = kwarg_state_key(model_id, kwarg.name)
+                if isinstance(kwarg.default, bool):
+                    st.checkbox(kwarg.name, value=kwarg.default, key=key, help=kwarg.help)
+                elif kwarg.choices:
+                    st.selectbox(kwarg.name, kwarg.choices, index=list(kwarg.choices).index(kwarg.default), key=key,
+                                 help=kwarg.help)
+    with sb.expander("Models and scenarios", expanded=False):
+        chosen_models = st.multiselect("Models", models, default=models, key="models")
+        chosen_scenarios = st.multiselect("Scenarios", scenario_ids(), default=scenario_ids(), key="scenarios")
     return chosen_models, chosen_scenarios, st.session_state.engine_view
 
 
-def _columns(models: list[str], view: str) -> list[Column]:
-    engines = ["vllm", "sglang"] if view == "vLLM | SGLang" else [view]
+def _columns(models: list[str], loaded: dict[str, LoadedModel]) -> list[Column]:
     columns = []
     custom = st.session_state.get("custom_columns", {})
     for model_id in models:
-        for name in engines:
-            spec = _engine_spec(name)
-            suffix = f" · {name}" if len(engines) > 1 else ""
-            columns.append(Column(f"{model_id}{suffix}", model_id, spec))
-            for upload_id, (label, base) in custom.items():
-                if base == model_id:
-                    columns.append(Column(f"{model_id}+{label}{suffix}", model_id, spec, upload_id))
+        if model_id not in loaded:
+            continue
+        changed = user_kwargs(loaded[model_id])
+        mark = " ✎" if changed else ""
+        toggled = ("; kwargs " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(changed.items()))
+                   if changed else "")
+        spec = loaded[model_id].spec
+        source = loaded[model_id].renderer.source_path
+        columns.append(Column(f"{model_id}{mark}", model_id,
+                              help=f"{spec.display_name} ({spec.hub_repo}): template {source}{toggled}"))
+        for upload_id, (label, base) in custom.items():
+            if base == model_id:
+                columns.append(Column(f"{model_id}+{label}{mark}", model_id, upload_id,
+                                      help=f"your upload {label} ({upload_id[:12]}) for {model_id}{toggled}; "
+                                           f"◆ where it differs from the stock {source}"))
     return columns
 
 
-def _run(column: Column, scenario: str, kwargs: dict) -> CellResult:
+def _rows(scenarios: list[str], view: str) -> list[Row]:
+    if view != SIDE_BY_SIDE:
+        return [Row(s, s, _engine_spec(view)) for s in scenarios]
+    return [Row(f"{s} · {spec}", s, spec) for s in scenarios for spec in (_engine_spec("vllm"), _engine_spec("sglang"))]
+
+
+def _run(column: Column, row: Row, kwargs: dict) -> CellResult:
     if column.upload_id is None:
-        return run_cell(column.model_id, scenario, column.engine, kwargs)
-    return _custom_cell(column.upload_id, _workspace_root(), scenario, column.engine,
+        return run_cell(column.model_id, row.scenario, row.engine, kwargs)
+    return _custom_cell(column.upload_id, workspace_root(), row.scenario, row.engine,
                         json.dumps(kwargs, sort_keys=True))
 
 
@@ -161,11 +200,12 @@ def _plot(cells: list[CellResult]) -> go.Figure:
 
 
 def main() -> None:
+    st.html(PAGE_CSS)
     st.title("Drift matrix")
     st.caption("Does the model's own output survive into the next prompt? Each cell runs a scripted agent "
                "conversation through the model's real template, the engine's parsers and the real tokenizer.")
     _init_from_url()
-    _init_custom_columns()
+    init_custom_columns()
     models, scenarios, view = _sidebar(default_model_ids())
     if not models or not scenarios:
         st.info("Pick at least one model and one scenario in the sidebar.")
@@ -179,35 +219,45 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - a model that cannot load is shown, the others still run
                 st.error(f"Model {model_id} cannot be loaded: {describe_error(err)}")
     loaded_s = time.perf_counter() - started
-    columns = [c for c in _columns(models, view) if c.model_id in loaded]
+    columns, rows = _columns(models, loaded), _rows(scenarios, view)
     level = st.session_state.level
     started = time.perf_counter()
     with st.spinner("Running the roundtrips…"):
         grid: dict[tuple[str, str], CellResult] = {}
         for column in columns:
             kwargs = user_kwargs(loaded[column.model_id])
-            for scenario in scenarios:
+            for row in rows:
                 try:
-                    grid[(scenario, column.title)] = _run(column, scenario, kwargs)
+                    grid[(row.label, column.title)] = _run(column, row, kwargs)
                 except Exception as err:  # noqa: BLE001 - one failing custom column must not take the page down
-                    grid[(scenario, column.title)] = CellResult(column.model_id, scenario, column.engine, "", kwargs,
-                                                                "error", note=describe_error(err))
+                    grid[(row.label, column.title)] = CellResult(column.model_id, row.scenario, row.engine, "",
+                                                                 kwargs, "error", note=describe_error(err))
     elapsed = time.perf_counter() - started
-    frame = pd.DataFrame(
-        [[_label(grid[(s, c.title)], level, c, grid, s) for c in columns] for s in scenarios],
-        index=pd.Index(scenarios, name="scenario"), columns=[c.title for c in columns])
-    st.caption(LEGEND + " · ◆ custom template differs from the stock one")
-    # Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position).
-    config = {"_index": st.column_config.TextColumn("scenario", width=INDEX_WIDTH)}
-    config.update({c.title: st.column_config.TextColumn(c.title, width=COLUMN_WIDTH) for c in columns})
+    labels = _labels(grid, rows, columns, level, pairs=view == SIDE_BY_SIDE)
+    frame = pd.DataFrame([[labels[(r.label, c.title)] for c in columns] for r in rows],
+                         index=pd.Index([r.label for r in rows], name="scenario"), columns=[c.title for c in columns])
+    st.caption(LEGEND)
+    if view == SIDE_BY_SIDE:
+        st.caption(f"Each scenario has a row for {_engine_spec('vllm')} and one for {_engine_spec('sglang')}; "
+                   "≠ marks both cells where the two engines differ.")
+    descriptions = "\n".join(f"- **{s}**: {load_scenario(s).description}" for s in scenarios)
+    config = {"_index": st.column_config.TextColumn("scenario", width=PAIR_INDEX_WIDTH if view == SIDE_BY_SIDE
+                                                    else INDEX_WIDTH, help=descriptions)}
+    config.update({c.title: st.column_config.TextColumn(c.title, width=COLUMN_WIDTH, help=c.help) for c in columns})
     event = st.dataframe(frame.style.map(status_style), on_select="rerun", selection_mode="single-cell",
-                         key="matrix", column_config=config, height=ROW_HEIGHT * (len(scenarios) + 1) + 3)
+                         key="matrix", column_config=config, height=ROW_HEIGHT * (len(rows) + 1) + 3, width="content")
     cells_picked = event.selection.cells if event and event.selection else []
-    if cells_picked:
-        row, title = cells_picked[0]
-        column = next(c for c in columns if c.title == title)
-        st.session_state.selected = {"model": column.model_id, "scenario": scenarios[row], "engine": column.engine,
-                                     "upload": column.upload_id}
+    # A click selects a cell once: the grid's selection outlives re-runs that rename a column (✎ after a kwarg
+    # toggle) or change the rows (the side-by-side view), and must not re-select something else then.
+    picked = (tuple(cells_picked[0]), view) if cells_picked else None
+    if picked is not None and picked != st.session_state.get("matrix_picked"):
+        st.session_state.matrix_picked = picked
+        index, title = cells_picked[0]
+        column = next((c for c in columns if c.title.removesuffix(" ✎") == str(title).removesuffix(" ✎")), None)
+        if column is not None and index < len(rows):
+            row = rows[index]
+            st.session_state.selected = {"model": column.model_id, "scenario": row.scenario, "engine": row.engine,
+                                         "upload": column.upload_id}
     all_cells = list(grid.values())
     # Loading only shows on a fresh server (models are cached across sessions after that).
     loading = f"; the real templates and tokenizers loaded in {loaded_s:.1f} s" if loaded_s >= 0.05 else ""
@@ -219,17 +269,26 @@ def main() -> None:
     _write_url()
 
 
-def _label(cell: CellResult, level: str, column: Column, grid: dict, scenario: str) -> str:
-    label = cell_label(cell, level)
-    if column.upload_id is not None:
-        stock = grid.get((scenario, column.title.replace(f"+{_upload_label(column.upload_id)}", "")))
-        if stock is not None and cell_label(stock, level) != label:
+def _labels(grid: dict[tuple[str, str], CellResult], rows: list[Row], columns: list[Column], level: str, *,
+            pairs: bool) -> dict[tuple[str, str], str]:
+    """Each cell's label, ◆ where an upload's cell differs from its stock model's, ≠ on both rows of a scenario
+    where vLLM and SGLang differ."""
+    plain = {key: cell_label(cell, level) for key, cell in grid.items()}
+    stock_of = {c.title: next(s.title for s in columns if s.model_id == c.model_id and s.upload_id is None)
+                for c in columns if c.upload_id is not None}
+    labels = {}
+    for (row_label, title), label in plain.items():
+        stock = stock_of.get(title)
+        if stock is not None and plain.get((row_label, stock), label) != label:
             label += " ◆"
-    return label
-
-
-def _upload_label(upload_id: str) -> str:
-    return st.session_state.get("custom_columns", {}).get(upload_id, ("", ""))[0]
+        labels[(row_label, title)] = label
+    if pairs:
+        for vllm_row, sglang_row in zip(rows[::2], rows[1::2]):
+            for c in columns:
+                a, b = (vllm_row.label, c.title), (sglang_row.label, c.title)
+                if plain[a] != plain[b]:
+                    labels[a], labels[b] = f"≠ {labels[a]}", f"≠ {labels[b]}"
+    return labels
 
 
 def _exports(cells: list[CellResult], loaded: dict[str, LoadedModel]) -> None:
@@ -262,13 +321,15 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
     try:
         scenario = load_scenario(selected["scenario"]).id
         upload = selected.get("upload")
+        described = None
         if upload:
-            model = _custom_model(upload, _workspace_root())
-            cell = _custom_cell(upload, _workspace_root(), scenario, selected["engine"],
+            model = _custom_model(upload, workspace_root())
+            cell = _custom_cell(upload, workspace_root(), scenario, selected["engine"],
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
+            described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
-        show_cell(cell, model, _apply_fix, key="detail")
+        show_cell(cell, model, _apply_fix, key="detail", upload=described)
     except Exception as err:  # noqa: BLE001 - the detail fails alone; the matrix above stays usable
         st.error(f"This cell cannot be shown: {describe_error(err)}")
 
@@ -292,30 +353,6 @@ def _write_url() -> None:
             params["upload"] = selected["upload"]
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
-
-
-def _init_custom_columns() -> None:
-    """After a refresh or a restart, every stored upload is a column again (the custom page can hide it)."""
-    if "custom_columns" in st.session_state:
-        return
-    st.session_state.custom_columns = {}
-    try:
-        from engine.workspace import Workspace
-
-        listing = Workspace(_workspace_root()).list()
-    except Exception as err:  # noqa: BLE001 - an unreadable workspace must not take the matrix down
-        st.warning(f"Stored uploads cannot be read: {describe_error(err)}")
-        return
-    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
-
-
-def _workspace_root() -> str:
-    """Read only when a custom column is shown, so the stock matrix never touches the workspace."""
-    if "workspace_root" not in st.session_state:
-        from engine.workspace import default_root
-
-        st.session_state.workspace_root = str(default_root())
-    return st.session_state.workspace_root
 
 
 main()

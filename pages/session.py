@@ -43,7 +43,9 @@ def _chart(report: SessionReport) -> go.Figure:
 def _table(report: SessionReport) -> pd.DataFrame:
     return pd.DataFrame([{
         "request": r.index, "after": r.trigger, "prompt": r.prompt_tokens, "reused": r.reusable_tokens,
-        "prefill": r.prefill_tokens, "decode": r.decode_tokens, f"block-{report.block_size} reused":
+        # The last request's reply is not scripted: "…" as the CLI prints it, not a raw None.
+        "prefill": r.prefill_tokens, "decode": "…" if r.decode_tokens is None else str(r.decode_tokens),
+        f"block-{report.block_size} reused":
         r.block_reusable_tokens, "hybrid reused": r.hybrid_reusable_tokens,
         "breaks": "✗ short of the previous sequence" if r.breaks else "",
     } for r in report.rows])
@@ -66,7 +68,7 @@ def _request_break(model: LoadedModel, report: SessionReport, index: int) -> Non
                 f"{len(view.previous_ids)}-token sequence; the texts first differ at char {view.char_position}.")
     for side, location in (("previous", view.previous_location), ("next", view.next_location)):
         if location is not None:
-            st.markdown(f"- {side}: `{location.path}:{location.line}` `{location.text[:100]}`")
+            st.markdown(f"- {side}: `{location.path}:{location.line}` `{location.text.strip()}`")
     context = st.slider("Tokens of context on each side", 2, 40, 8, key="session:context")
     shown = compare(model.tokenizer,
                     rendered_sequence(f"request {view.compared_request}'s sequence", view.previous,

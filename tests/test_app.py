@@ -55,7 +55,10 @@ def test_selecting_a_cell_opens_its_break_and_the_fix_button_applies_the_kwarg(a
     app.button(key="detail:fix").click().run()
     assert app.session_state["kw:qwen3.6:preserve_thinking"] is True
     assert [s.value for s in app.subheader] == ["qwen3.6 × next-user-turn × vllm@0.33.0: holds"]
-    assert app.dataframe[0].value.loc["next-user-turn", "qwen3.6"] == "✓"
+    frame = app.dataframe[0].value  # the toggled kwarg marks its column
+    assert list(frame.columns) == ["qwen3.6 ✎", *default_model_ids()[1:]]
+    assert frame.loc["next-user-turn", "qwen3.6 ✎"] == "✓"
+    assert any(e.label == "qwen3.6 ✎ preserve_thinking" for e in app.sidebar.expander)
 
 
 def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(app: AppTest) -> None:
@@ -82,11 +85,23 @@ def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(ap
 
 
 def test_side_by_side_view_and_string_level(app: AppTest) -> None:
+    app.selectbox(key="ver:sglang").set_value("0.5.12")
     app.radio(key="engine_view").set_value("vLLM | SGLang").run()
     frame = app.dataframe[0].value
-    assert list(frame.columns)[:2] == ["qwen3.6 · vllm", "qwen3.6 · sglang"]
+    assert list(frame.columns) == default_model_ids()  # a row per engine, so the columns stay one per model
+    assert list(frame.index)[:4] == ["args-serialization · vllm@0.33.0", "args-serialization · sglang@0.5.12",
+                                     "client-drops-reasoning · vllm@0.33.0", "client-drops-reasoning · sglang@0.5.12"]
+    # ≠ on both rows where the engines differ (here GLM's re-serialized arguments lose different amounts).
+    assert (frame.loc["args-serialization · vllm@0.33.0", "glm-5.1"],
+            frame.loc["args-serialization · sglang@0.5.12", "glm-5.1"]) == ("≠ ✗ -41tok", "≠ ✗ -28tok")
+    assert frame.loc["tool-call · vllm@0.33.0", "qwen3.6"] == "✓"
+    _select(app, "args-serialization", "glm-5.1")  # row 0 is the vLLM row
+    assert [s.value for s in app.subheader] == ["glm-5.1 × args-serialization × vllm@0.33.0: breaks"]
+    app.session_state["matrix"] = {"selection": {"rows": [], "columns": [], "cells": [(1, "glm-5.1")]}}
+    app.run()
+    assert [s.value for s in app.subheader] == ["glm-5.1 × args-serialization × sglang@0.5.12: breaks"]
     app.radio(key="level").set_value("string").run()
-    assert app.dataframe[0].value.loc["noncanonical-tokens", "qwen3.6 · vllm"] == "✓ str"
+    assert app.dataframe[0].value.loc["noncanonical-tokens · vllm@0.33.0", "qwen3.6"] == "✓ str"
 
 
 def test_a_link_reopens_the_same_cell(tmp_path, monkeypatch) -> None:
@@ -114,6 +129,7 @@ def test_session_page_shows_the_handbook_figures_the_break_and_the_what_ifs(app:
     table = app.dataframe[0].value
     assert list(table["prompt"]) == [506, 773, 898, 824]
     assert list(table["reused"]) == [0, 580, 880, 504]
+    assert list(table["decode"]) == ["74", "107", "47", "…"]  # the last reply is not scripted: "…", not None
     app.session_state["session:table"] = {"selection": {"rows": [3], "columns": [], "cells": []}}
     app.run()
     markdown = [m.value for m in app.markdown]
@@ -159,3 +175,92 @@ def test_a_hostile_upload_is_refused_with_its_reason_and_the_app_keeps_working(a
     assert len(app.error) == 1 and "broken.jinja" in app.error[0].value
     app.switch_page("pages/matrix.py").run()
     assert app.dataframe[0].value.loc["tool-call", "qwen3.6"] == "✓"
+
+
+def test_session_page_gpt_oss_decode_is_never_negative(app: AppTest) -> None:
+    app.switch_page("pages/session.py").run()
+    app.selectbox(key="session:model").set_value("gpt-oss").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert list(app.dataframe[0].value["decode"]) == ["76", "103", "52", "…"]
+
+
+def test_custom_page_opened_first_keeps_the_stored_uploads_as_columns(tmp_path, monkeypatch) -> None:
+    from engine.workspace import Workspace
+
+    source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
+    upload = Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("mine.jinja", source)}, "mine")
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/custom_templates.py").run()  # a browser session whose first page is Custom templates
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.checkbox(key=f"show:{upload.id}").value is True
+    at.switch_page("pages/matrix.py").run()
+    assert "qwen3.5+mine" in at.dataframe[0].value.columns
+
+
+def test_a_custom_cell_exports_evidence_holding_its_template(tmp_path, monkeypatch) -> None:
+    from engine.workspace import Workspace
+
+    source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
+    Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("keep.jinja", source)}, "keep")
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    _select(at, "next-user-turn", "qwen3.5+keep")
+    assert not at.exception, [e.value for e in at.exception]
+    assert [s.value for s in at.subheader] == ["qwen3.5+keep × next-user-turn × vllm@0.33.0: breaks"]
+    assert "Evidence JSON" in [b.label for b in at.download_button]
+    # tests/test_evidence.py replays such a file; here the page says what the export carries.
+    assert any(c.value == "The evidence JSON carries keep.jinja (the upload's template text): `python -m engine "
+               "replay FILE` rebuilds this column anywhere." for c in at.caption)
+
+
+def test_an_error_cell_shows_where_why_and_the_fix(app: AppTest) -> None:
+    _select(app, "reasoning-truncated", "gpt-oss")
+    assert [s.value for s in app.subheader] == ["gpt-oss × reasoning-truncated × vllm@0.33.0: error"]
+    assert "raised at line 314" in app.error[0].value
+    markdown = [m.value for m in app.markdown]
+    assert "**Failed at** [`openai-gpt-oss-120b.jinja:314`](https://huggingface.co/openai/gpt-oss-120b/blob/main/" \
+           "chat_template.jinja#L314)" in markdown
+    assert any(m.startswith("**Why:** the template reads `message.content` unconditionally") for m in markdown)
+    assert any(m.startswith("**Fix:** send the key") for m in markdown)
+    assert any("background:#fff8c5;font-weight:600'><td>314</td>" in h.proto.body for h in app.get("html"))
+
+
+def test_uploaders_show_the_limits_validation_enforces(app: AppTest, monkeypatch) -> None:
+    app.switch_page("pages/custom_templates.py").run()
+    sizes = {u.proto.label.split(":")[0]: u.proto.max_upload_size_mb for u in app.get("file_uploader")}
+    assert sizes == {"Chat template": 5, "Optional tokenizer": 50}  # not Streamlit's 200 MB default
+    monkeypatch.setenv("DRIFT_UPLOAD_MAX_TEXT_BYTES", str(1024 * 1024))
+    app.run()
+    assert app.get("file_uploader")[0].proto.max_upload_size_mb == 1
+
+
+def test_streamlit_config_is_an_offline_tools() -> None:
+    import tomllib
+
+    config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    assert config["browser"]["gatherUsageStats"] is False
+    assert config["client"]["toolbarMode"] == "minimal"
+    assert config["server"]["maxUploadSize"] == 50
+
+
+def test_reasoning_effort_is_a_control_and_marks_its_column(app: AppTest) -> None:
+    control = app.selectbox(key="kw:gpt-oss:reasoning_effort")
+    assert (control.value, control.options) == ("medium", ["low", "medium", "high"])
+    control.set_value("high").run()
+    assert "gpt-oss ✎" in app.dataframe[0].value.columns
+    assert app.query_params["kwargs"] == '{"gpt-oss": {"reasoning_effort": "high"}}'
+    _select(app, "tool-call", "gpt-oss ✎")
+    assert 'reasoning_effort="high"' in " ".join(c.value for c in app.caption)
+
+
+def test_headers_carry_tooltips_and_the_legend_explains_every_mark(app: AppTest) -> None:
+    import json
+
+    config = json.loads(app.dataframe[0].proto.columns)
+    assert config["_index"]["help"].startswith("- **args-serialization**: ")
+    assert config["qwen3.6"]["help"] == "Qwen3.6 (Qwen/Qwen3.6-35B-A3B): template Qwen-Qwen3.6-35B-A3B.jinja"
+    legend = " ".join(c.value for c in app.caption)
+    for mark in ("✓ holds", "✗ -N tok", "✓ str:", "! error", "– unavailable", "◆ your upload", "✎ the column's"):
+        assert mark in legend

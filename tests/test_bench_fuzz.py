@@ -153,3 +153,41 @@ def test_app_bench_json_contract(tmp_path) -> None:
     assert data["toggle_cached_runs"] == len(toggled)  # one cycle: the flip back
     assert isinstance(data["toggle_cached_median_ms"], float)
     assert "missing ScriptRunContext" not in result.stderr
+
+
+def test_progress_is_whole_lines_when_stderr_is_not_a_terminal() -> None:
+    import io
+
+    from engine.fuzz import stderr_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    log, terminal = io.StringIO(), Terminal()
+    for stream in (log, terminal):
+        show = stderr_progress(stream)
+        for done in (1, 2, 3):
+            show(done, 3)
+    assert "\r" not in log.getvalue()
+    assert [line.split(",")[0] for line in log.getvalue().splitlines()] == ["fuzz: 1/3 conversations",
+                                                                          "fuzz: 3/3 conversations"]
+    assert terminal.getvalue().startswith("\rfuzz: 1/3 conversations") and terminal.getvalue().endswith("\n")
+    assert terminal.getvalue().count("\n") == 1
+
+
+def test_show_prints_conversation_n_with_the_result_the_run_counted(capsys) -> None:
+    from engine.fuzz import run_one
+
+    assert main(["fuzz", "--model", "qwen3.6", "--engine", "vllm", "--seed", "1", "--show", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# random conversation 3 of seed 1 (engine/fuzz.py seed 1 index 3)"
+    counted = run_one("qwen3.6", "vllm", 1, 3)
+    assert f"result: {counted.status} through vllm@0.33.0" in out
+    assert any(line.startswith(f"cause: {counted.cause[0]} {counted.cause[1]} at {counted.cause[2]} ") for line in out)
+    assert main(["fuzz", "--model", "qwen3.6", "--engine", "vllm", "--seed", "1", "--show", "3", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["conversation"], data["cell"]["status"], data["cell"]["cause"]["kind"]) == (3, counted.status,
+                                                                                           counted.cause[1])
+    assert main(["fuzz", "--model", "qwen3.6", "--engine", "vllm", "--n", "10", "--show", "10"]) == 2
+    assert capsys.readouterr().err == "error: fuzz: --show takes a conversation number from 0 to 9, got 10\n"

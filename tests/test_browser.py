@@ -28,7 +28,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The probe's flags: without the background-networking ones Chromium hammers the closed network.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35  # pages/matrix.py fixes these so cells sit at known places
+INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 80, 35  # pages/matrix.py fixes these so cells sit at known places
 
 if not Path(CHROMIUM).exists():
     if os.environ.get("CI"):
@@ -45,9 +45,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory) -> Iterator[str]:
+def workspace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("workspace")
+
+
+@pytest.fixture(scope="module")
+def app_url(workspace_dir) -> Iterator[str]:
     port = _free_port()
-    env = {**os.environ, "DRIFT_WORKSPACE": str(tmp_path_factory.mktemp("workspace"))}
+    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir)}
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -82,13 +87,19 @@ def page(app_url):
         browser.close()
 
 
-def _click_cell(page, row: int, column: int) -> None:
+def _click_cell(page, row: int, column: int, index_width: int = INDEX_WIDTH) -> None:
+    """Click a cell as a person does: the pointer travels onto it, then presses. The grid (glide-data-grid) drops
+    a press whose pointer jumped onto it in one move after having left it — e.g. from a download button below
+    (the "first click after a download is ignored" seen with page.mouse.click) — a real pointer never jumps."""
     grid = page.locator("[data-testid='stDataFrame']").first
+    grid.scroll_into_view_if_needed()
     box = grid.bounding_box()
     assert box is not None
-    x = box["x"] + INDEX_WIDTH + COLUMN_WIDTH * column + COLUMN_WIDTH / 2
+    x = box["x"] + index_width + COLUMN_WIDTH * column + COLUMN_WIDTH / 2
     y = box["y"] + ROW_HEIGHT * (row + 1) + ROW_HEIGHT / 2
-    page.mouse.click(x, y)
+    page.mouse.move(x, y, steps=8)
+    page.mouse.down()
+    page.mouse.up()
 
 
 def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_url) -> None:
@@ -98,18 +109,12 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     page.screenshot(path=str(SHOTS / "matrix.png"), full_page=True)
     scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
     heading = page.get_by_text("qwen3.6 × next-user-turn × vllm@0.33.0: breaks")
-    for _ in range(3):  # a click that lands while the grid is still laying out is lost: click again
-        _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6
-        try:
-            heading.wait_for(timeout=20_000)
-            break
-        except sync_api.TimeoutError:
-            continue
+    _click_cell(page, scenarios.index("next-user-turn"), 0)  # column 0 is qwen3.6; one click, no retry
     heading.wait_for()
     page.get_by_text("Cause: template").wait_for()
     page.locator("tr.first").first.wait_for()  # the first differing token row, highlighted
     assert "<tool_call>" in page.locator("tr.first").first.inner_text()
-    assert "model=qwen3.6" in page.url and "scenario=next-user-turn" in page.url
+    page.wait_for_url(re.compile("model=qwen3.6&scenario=next-user-turn"))  # written at the end of the run
     # The main area scrolls inside its own container: bring the detail into view before each shot.
     page.get_by_text("Cause: template").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "cell-cause.png"))
@@ -127,6 +132,9 @@ def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_
     rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("model,scenario,engine,engine_version,status,")
     assert len(rows) == 1 + 6 * len(scenarios) and "qwen3.6,next-user-turn,vllm,0.33.0,holds," in "\n".join(rows)
+    # The first click after a download opens its cell (the pointer travels from the button, as a real one does).
+    _click_cell(page, scenarios.index("tool-call"), 1)  # column 1 is qwen3.5
+    page.get_by_text("qwen3.5 × tool-call × vllm@0.33.0: holds").wait_for(timeout=30_000)
 
 
 def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
@@ -183,6 +191,49 @@ def test_session_page_opens(page, app_url) -> None:
     assert values[:2] == ["3001", "1037"]  # the handbook's session: prompt tokens, prefill at token level
 
 
+def test_matrix_url_opens_the_matrix_without_a_dialog(page, app_url) -> None:
+    page.goto(f"{app_url}/matrix?engine=raw")
+    page.get_by_text("cells in").first.wait_for()
+    assert page.get_by_text("Page not found").count() == 0
+    assert page.get_by_role("radio", name="raw").is_checked()
+    assert page.get_by_text("Deploy", exact=True).count() == 0  # toolbarMode minimal
+
+
+def test_side_by_side_at_1280_px_with_uploads_tooltip_and_error_cell(page, app_url, workspace_dir) -> None:
+    from engine.models import load_model
+    from engine.workspace import Workspace
+
+    workspace = Workspace(workspace_dir)  # with test_upload's qwen3.6+custom: three uploads, nine model columns
+    for base, label in (("qwen3.5", "mine"), ("glm-5.1", "fix")):
+        source = "\n".join(load_model(base).renderer.source_lines()) + "\n"
+        workspace.add(base, {"chat_template": (f"{label}.jinja", source.encode())}, label)
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    try:
+        page.goto(f"{app_url}/?engine=vLLM+%7C+SGLang&sglang=0.5.12")
+        page.get_by_text("cells in").first.wait_for()
+        page.get_by_text("≠ marks both cells").wait_for()
+        grid = page.locator("[data-testid='stDataFrame']").first
+        box = grid.bounding_box()
+        assert box is not None
+        # Every one of the nine model columns is on screen beside the open sidebar: no hidden column to scroll to.
+        assert box["width"] >= 240 + 9 * COLUMN_WIDTH and box["x"] + box["width"] <= 1280
+        page.screenshot(path=str(SHOTS / "matrix-side-by-side-1280.png"))
+        # A header's tooltip names the model's template.
+        page.mouse.move(box["x"] + 240 + COLUMN_WIDTH / 2, box["y"] + ROW_HEIGHT / 2, steps=8)
+        tooltip = page.locator("[data-testid='stDataFrameTooltipContent']")
+        tooltip.wait_for()
+        assert tooltip.inner_text() == "Qwen3.6 (Qwen/Qwen3.6-35B-A3B): template Qwen-Qwen3.6-35B-A3B.jinja"
+        page.screenshot(path=str(SHOTS / "matrix-tooltip.png"))
+        scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
+        _click_cell(page, 2 * scenarios.index("reasoning-truncated"), 8, index_width=240)  # gpt-oss, vLLM row
+        page.get_by_text("gpt-oss × reasoning-truncated × vllm@0.33.0: error").wait_for()
+        page.get_by_text("Why:").scroll_into_view_if_needed()
+        page.get_by_role("link", name="openai-gpt-oss-120b.jinja:314").wait_for()
+        page.screenshot(path=str(SHOTS / "error-cell.png"))
+    finally:
+        page.set_viewport_size({"width": 1600, "height": 1200})
+
+
 def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     page.goto(app_url)
     page.get_by_role("link", name="Your traffic").click()
@@ -201,16 +252,13 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     page.get_by_text("Session 2 (prefix-2)").wait_for()
     grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
     grid.scroll_into_view_if_needed()
+    box = grid.bounding_box()
+    assert box is not None
+    # Request 3, which breaks: its row's selection box, reached as a real pointer does (see _click_cell).
+    page.mouse.move(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2, steps=8)
+    page.mouse.down()
+    page.mouse.up()
     cause = page.get_by_text("Cause: template", exact=True)
-    for _ in range(3):  # a click that lands while the grid is still laying out is lost: click again
-        box = grid.bounding_box()
-        assert box is not None
-        page.mouse.click(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2)  # request 3, which breaks
-        try:
-            cause.wait_for(timeout=20_000)
-            break
-        except sync_api.TimeoutError:
-            continue
     cause.wait_for()
     page.locator("tr.first").first.wait_for()  # the break view's first differing token row
     assert "<tool_call>" in page.locator("tr.first").first.inner_text()

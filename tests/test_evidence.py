@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -156,3 +157,110 @@ def test_cli_export_then_replay(tmp_path) -> None:
                           text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"{out}: 1 cell(s) recomputed; still matches"
+
+
+def test_matrix_markdown_has_a_column_per_engine_version() -> None:
+    from engine.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["matrix", "--models", "qwen3.6", "--scenarios", "tool-call", "--engines",
+                     "sglang,sglang@0.5.12,raw"]) == 0
+    assert out.getvalue().splitlines()[:3] == [
+        "| scenario | qwen3.6 sglang@0.5.23 | qwen3.6 sglang@0.5.12 | qwen3.6 raw |", "|---|---|---|---|",
+        "| tool-call | ✓ | ✓ | ✓ |"]
+
+
+def test_evidence_of_a_custom_template_cell_carries_the_template_and_replays(tmp_path, monkeypatch) -> None:
+    from engine.evidence import upload_json
+    from engine.simulate import run_cell_with
+    from engine.workspace import Workspace
+
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    source = "\n".join(load_model("qwen3.5").renderer.source_lines()).replace(
+        "'\\n</think>\\n\\n'", "'\\n</think>\\n'") + "\n"  # one newline fewer after </think>
+    workspace = Workspace(tmp_path / "workspace")
+    upload = workspace.add("qwen3.5", {"chat_template": ("keep.jinja", source.encode())}, "keep")
+    model = workspace.load_model(upload.id)
+    cell = run_cell_with(model, "next-user-turn", "vllm", {})
+    described = upload_json(workspace.root, upload.id)
+    evidence = cell_evidence(cell, model, upload=described)
+    assert evidence["reproduce"]["model"] == "qwen3.5+keep"
+    assert evidence["upload"]["files"]["chat_template"] == {
+        "name": "keep.jinja", "sha256": upload.file("chat_template").sha256, "text": source}
+    path = tmp_path / "evidence.json"
+    path.write_text(json.dumps(evidence, ensure_ascii=False), encoding="utf-8")
+    report = replay(path)
+    assert (report.cells, report.differences, report.matches) == (1, (), True)
+    # Replay rebuilds the model from the evidence alone: with the workspace gone it still matches.
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "elsewhere"))
+    assert replay(path).matches
+    evidence["upload"]["files"]["chat_template"]["text"] = source.replace("'\\n</think>\\n'", "'\\n</think>\\n\\n'")
+    path.write_text(json.dumps(evidence, ensure_ascii=False), encoding="utf-8")
+    assert replay(path).differences[0].startswith("evidence.json: asset chat_template sha256 was ")
+
+
+def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
+    from engine.evidence import explain_error
+
+    model = load_model("gpt-oss")
+    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "vllm"), model)
+    assert explained is not None
+    assert (explained.location, explained.line) == ("openai-gpt-oss-120b.jinja:314", 314)
+    assert explained.url == "https://huggingface.co/openai/gpt-oss-120b/blob/main/chat_template.jinja#L314"
+    assert [n for n, _ in explained.excerpt] == list(range(311, 318))
+    assert explained.excerpt[3][1] == ('            {{- "<|start|>assistant<|channel|>final<|message|>" + '
+                                       'message.content + "<|end|>" }}')
+    assert explained.why == ("the template reads `message.content` unconditionally, and the message the client "
+                             "sent back for the model's turn has no 'content' key (an engine returns an empty answer "
+                             "as null, and the request drops null keys).")
+    assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
+                             "`message.content is defined`; sglang@0.5.23 (breaks) renders this scenario for gpt-oss")
+    assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
+
+
+def _diff(view) -> list[tuple[str, str, str]]:
+    return [(op, view.prev.text[a1:a2], view.next.text[b1:b2]) for op, a1, a2, b1, b2 in view.char_opcodes]
+
+
+def test_character_diff_starts_at_the_differing_token_and_pairs_only_whole_tokens(qwen_break) -> None:
+    cell, model = qwen_break
+    view = break_view(model, cell.focus, 8)
+    assert view.prev.text.startswith(" Paris today?") and view.next.text.startswith(" Paris today?")
+    # Not "<t" kept and "hink>…" vs "ool_call>…"; not "call" of "should call" paired with "call" of "tool_call".
+    assert _diff(view) == [
+        ("equal", " Paris today?<|im_end|>\n<|im_start|>assistant\n",
+         " Paris today?<|im_end|>\n<|im_start|>assistant\n"),
+        ("replace", "<think>\nI should call get", "<tool_call>\n<function=get"),
+        ("equal", "_weather", "_weather"),
+        ("replace", " for", ">\n"),
+    ]
+
+
+def test_string_level_windows_start_at_a_marker() -> None:
+    cell, model = run_cell("kimi-k2.6", "no-tools-next-user", "raw"), load_model("kimi-k2.6")
+    view = break_view(model, cell.focus, 8)
+    assert view.level == "string"
+    assert (view.prev.text[:10], view.next.text[:10]) == ("<|im_end|>", "<|im_end|>")
+    assert _diff(view) == [
+        ("equal", "<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
+         "<|im_end|><|im_assistant|>assistant<|im_middle|><think>"),
+        ("delete", "17 times 3 is 51.", ""), ("equal", "</think>51<|im_end|>", "</think>51<|im_end|>"),
+        ("insert", "", "<|im_user|>user<|im_middle|>")]
+
+
+def test_render_show_source_prints_whole_template_lines(tmp_path) -> None:
+    from engine.cli import main
+
+    messages = tmp_path / "m.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "ok", "reasoning_content": "think first"}]),
+                        encoding="utf-8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["render", "--model", "qwen3.5", "--messages", str(messages), "--show-source",
+                     "--no-generation-prompt"]) == 0
+    lines = load_model("qwen3.5").renderer.source_lines()
+    shown = [line.split("└ ", 1)[1] for line in out.getvalue().splitlines() if "└ " in line]
+    assert max(len(s) for s in shown) > 100
+    assert all(s in {source.strip() for source in lines} for s in shown)

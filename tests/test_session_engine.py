@@ -152,3 +152,19 @@ def test_what_if_cli_through_an_engine(capsys) -> None:
                  "--engine", "vllm"]) == 0
     assert capsys.readouterr().out.startswith(
         "# timestamp-position compares first requests, which no engine changes (nothing parsed yet)\n")
+
+
+def test_decode_is_the_completion_when_the_template_rewrites_the_history() -> None:
+    # GPT-OSS's template drops the earlier analysis turns once a final answer follows, so request 3's sequence is
+    # shorter than its prompt (1692 vs 1814 characters); the decode is the reply after `<|start|>assistant`:
+    # 52 tokens, not 635 - 709 = -74.
+    from engine.models import load_model
+    from engine.session import load_session, simulate_session
+
+    model = load_model("gpt-oss")
+    report = simulate_session(model, load_session("handbook"))
+    assert [r.decode_tokens for r in report.rows] == [76, 103, 52, None]
+    completion = ("<|channel|>analysis<|message|>23°C 换算成华氏度是 73.4°F，可以回答了。<|end|><|start|>assistant"
+                  "<|channel|>final<|message|>北京今天最高气温约 23°C，换算成华氏度是 73.4°F。<|return|>")
+    assert report.rows[2].sequence_render.text.endswith(completion)
+    assert len(model.tokenizer.encode(completion).ids) == 52

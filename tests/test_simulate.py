@@ -42,15 +42,23 @@ def test_history_reasoning_is_dropped_and_the_kwarg_fixes_it(model_id: str, kwar
     cell = run_cell(model_id, "no-tools-next-user", "raw")
     assert cell.status == "breaks"
     assert cell.cause.stage == "template"
-    assert cell.cause.fix == {"kind": "kwarg", "kwarg": kwarg, "value": value,
-                              "text": f"set {kwarg}={'true' if value else 'false'}"}
+    setting = f"{kwarg}={'true' if value else 'false'}"
+    assert cell.cause.fix.to_json() == {
+        "kind": "kwarg", "kwarg": kwarg, "value": value, "text": f"set {setting}", "changes_behaviour": False,
+        "proof": f"re-run with {setting}: the boundary holds; the prompt the model answered is unchanged"}
     assert run_cell(model_id, "no-tools-next-user", "raw", {kwarg: value}).status == "holds"
 
 
 def test_qwen_history_reasoning_break_points_at_the_branch_that_drops_it() -> None:
+    # The condition at 100 decides; its else-branch at 103 emits the turn without <think>. Flipped for the broken
+    # message, the boundary holds.
     cell = run_cell("qwen3.6", "no-tools-next-user", "vllm")
-    assert cell.cause.location == "Qwen-Qwen3.6-35B-A3B.jinja:103"
+    assert cell.cause.location == "Qwen-Qwen3.6-35B-A3B.jinja:100-103"
     assert cell.cause.kind == "reasoning-dropped"
+    assert cell.cause.locations[0].text == ("{% if preserve_thinking is defined and preserve_thinking is true or "
+                                            "loop.index0 > ns.last_query_index %} (line 100)")
+    assert cell.cause.proof.endswith("undone from the broken message on (and the engine's result replaced by the "
+                                     "model's fields as written): the boundary holds (3263/3263 characters)")
 
 
 def test_deepseek_keeps_history_reasoning_when_tools_are_present() -> None:
@@ -61,19 +69,28 @@ def test_deepseek_keeps_history_reasoning_when_tools_are_present() -> None:
 
 @pytest.mark.parametrize("model_id", ["qwen3.6", "qwen3.5"])
 def test_qwen_template_trims_reasoning_whitespace(model_id: str) -> None:
+    # The trim at line 99 changes the model's reasoning; line 101 emits it between its own newlines.
     cell = run_cell(model_id, "reasoning-whitespace", "raw")
     assert cell.status == "breaks"
-    assert cell.cause.location.endswith(".jinja:101")
-    assert "reasoning_content + '\\n</think>\\n\\n'" in cell.cause.line_text
+    assert (cell.cause.kind, [str(loc) for loc in cell.cause.locations]) == (
+        "reasoning-trimmed", [f"{cell.cause.locations[0].path}:99", f"{cell.cause.locations[0].path}:101"])
+    assert cell.cause.line_text == "reasoning_content|trim"
+    assert "reasoning_content + '\\n</think>\\n\\n'" in cell.cause.locations[1].text
 
 
 def test_qwen_parsers_rewrite_arguments_but_raw_keeps_them() -> None:
     assert run_cell("qwen3.6", "args-serialization", "raw").status == "holds"
+    # The model wrote 1.0; vLLM's schema coercion returned 1 (parser_engine.py:437-462). The newline trims around each
+    # parameter (vllm/parser/qwen3.py:61-67), undone alone, leave the break where it is.
     vllm = run_cell("qwen3.6", "args-serialization", "vllm")
     assert vllm.status == "breaks" and vllm.cause.stage == "parser"
-    assert vllm.cause.location == "vllm/parser/qwen3.py:61-67"
+    assert (vllm.cause.kind, vllm.cause.location, vllm.cause.edit.step) == (
+        "args-type-coerced", "vllm/parser/engine/parser_engine.py:437-462", "args_schema_coerce")
+    assert '"min_score": "1.0"' in vllm.cause.edit.before and '"min_score": 1,' in vllm.cause.edit.after
+    assert vllm.cause.proof == ("re-run with args_schema_coerce undone (vllm/parser/engine/parser_engine.py:437-462): "
+                                "the boundary holds (5010/5010 characters)")
     sglang = run_cell("qwen3.6", "args-serialization", "sglang")
-    assert sglang.cause.location == "sglang/srt/function_call/qwen3_coder_detector.py:215-219"
+    assert sglang.cause.location == "sglang/srt/function_call/qwen3_coder_detector.py:229"
 
 
 def test_tool_call_round_holds_for_qwen_on_both_engines() -> None:
@@ -116,9 +133,13 @@ def test_every_template_cause_names_a_real_line() -> None:
         for scenario_id in scenario_ids():
             cell = run_cell(model_id, scenario_id, "raw")
             if cell.cause and cell.cause.stage == "template":
-                number = int(cell.cause.location.rsplit(":", 1)[1])
-                assert 0 < number <= len(lines), (model_id, scenario_id)
-                assert lines[number - 1].strip() == cell.cause.line_text
+                for location in cell.cause.locations:
+                    assert 0 < location.line <= (location.end_line or location.line) <= len(lines), (
+                        model_id, scenario_id)
+                # Where no construct undone moves the break, the cause is the emitting line, quoted as it stands.
+                if cell.cause.proof.startswith("no construct"):
+                    emitted = cell.cause.locations[0]
+                    assert lines[emitted.line - 1].strip() == emitted.text, (model_id, scenario_id)
 
 
 def _golden_locations(engine: str, family: str) -> set[str]:

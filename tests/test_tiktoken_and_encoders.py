@@ -16,9 +16,6 @@ from engine.render.harmony import HarmonyRenderer
 from engine.tiktoken_tokenizer import TiktokenTokenizer, load_kimi, load_o200k_harmony
 from engine.tokenize import HFTokenizer
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "tokenizer-vectors"
-if not VECTORS.is_dir():
-    VECTORS = Path("/work/shared/tokenizer-vectors")
 DEEPSEEK_TOKENIZER_SHA256 = "8f9f37ca37fdc4f5fd36d5cf4d3b0e8392edb4e894fd10cc0d70b4957c8633cf"
 
 
@@ -29,17 +26,19 @@ def _decode_vector_input(line: str) -> str:
     return text[:-2] + " " if text.endswith("\\s") else text
 
 
-def vector_cases(tokenizer_name: str) -> list[tuple[str, str, list[int]]]:
+def vector_cases(shared: Path, tokenizer_name: str) -> list[tuple[str, str, list[int]]]:
+    """kitoken's small, mixed and utf8 vectors in ../shared/tokenizer-vectors for one tokenizer."""
+    vectors = shared / "tokenizer-vectors"
     cases = []
     for kind in ("small", "mixed"):
-        inputs = (VECTORS / f"tests_data_{kind}_input.txt").read_text(encoding="utf-8").split("\n")
-        expected = (VECTORS / f"{tokenizer_name.format(kind=kind)}").read_text(encoding="utf-8").split("\n")
+        inputs = (vectors / f"tests_data_{kind}_input.txt").read_text(encoding="utf-8").split("\n")
+        expected = (vectors / f"{tokenizer_name.format(kind=kind)}").read_text(encoding="utf-8").split("\n")
         assert len(inputs) == len(expected)
         for number, (line, ids) in enumerate(zip(inputs, expected), start=1):
             expected_ids = [int(i) for i in ids.split(",") if i.strip()]
             cases.append((f"{kind}:{number}", _decode_vector_input(line), expected_ids))
-    utf8_ids = (VECTORS / tokenizer_name.format(kind="utf8")).read_text(encoding="utf-8")
-    utf8_input = (VECTORS / "tests_data_utf8_input.txt").read_text(encoding="utf-8")
+    utf8_ids = (vectors / tokenizer_name.format(kind="utf8")).read_text(encoding="utf-8")
+    utf8_input = (vectors / "tests_data_utf8_input.txt").read_text(encoding="utf-8")
     cases.append(("utf8", utf8_input, [int(i) for i in utf8_ids.split(",") if i.strip()]))
     return cases
 
@@ -69,8 +68,8 @@ def harmony() -> HarmonyRenderer:
 # ---- o200k_harmony ------------------------------------------------------------------------------------------
 
 
-def test_o200k_harmony_matches_all_vectors(o200k_harmony: TiktokenTokenizer) -> None:
-    cases = vector_cases("tests_data_tokenizers_{kind}_tokens_gpt_oss.txt")
+def test_o200k_harmony_matches_all_vectors(o200k_harmony: TiktokenTokenizer, shared_dir: Path) -> None:
+    cases = vector_cases(shared_dir, "tests_data_tokenizers_{kind}_tokens_gpt_oss.txt")
     assert len(cases) == 21 + 121 + 1
     mismatches = [name for name, text, ids in cases if list(o200k_harmony.encode(text).ids) != ids]
     assert mismatches == []
@@ -163,13 +162,13 @@ def test_kimi_sha256_mismatch(tmp_path: Path) -> None:
     not os.environ.get("KIMI_TIKTOKEN_MODEL"),
     reason="KIMI_TIKTOKEN_MODEL is not set: Kimi's tiktoken.model is not obtainable offline",
 )
-def test_kimi_real_file_matches_vectors() -> None:
+def test_kimi_real_file_matches_vectors(shared_dir: Path) -> None:
     """Runs only with a real file: KIMI_TIKTOKEN_MODEL=/path/to/tiktoken.model (Hub moonshotai/Kimi-K2.6).
 
     The expected ids are tokenizer-vectors/{small,mixed,utf8}_tokens_kimi_k2.txt.
     """
     tokenizer = load_kimi(Path(os.environ["KIMI_TIKTOKEN_MODEL"]))
-    cases = vector_cases("{kind}_tokens_kimi_k2.txt")
+    cases = vector_cases(shared_dir, "{kind}_tokens_kimi_k2.txt")
     mismatches = [name for name, text, ids in cases if list(tokenizer.encode(text).ids) != ids]
     assert mismatches == []
     for text, token_id in (("<|im_end|>", 163586), ("<|im_middle|>", 163601), ("<think>", 163606)):
@@ -179,8 +178,8 @@ def test_kimi_real_file_matches_vectors() -> None:
 # ---- DeepSeek V4: tokenizer -------------------------------------------------------------------------------
 
 
-def test_deepseek_tokenizer_matches_r1_vectors(deepseek_tokenizer: HFTokenizer) -> None:
-    cases = vector_cases("tests_data_tokenizers_{kind}_tokens_r1.txt")
+def test_deepseek_tokenizer_matches_r1_vectors(deepseek_tokenizer: HFTokenizer, shared_dir: Path) -> None:
+    cases = vector_cases(shared_dir, "tests_data_tokenizers_{kind}_tokens_r1.txt")
     mismatches = [name for name, text, ids in cases if list(deepseek_tokenizer.encode(text).ids) != ids]
     assert mismatches == []
 

