@@ -389,13 +389,12 @@ def stderr_progress(stream: TextIO | None = None) -> Callable[[int, int], None]:
 def conversation(model_id: str, engine: str, seed: int, index: int) -> tuple[Scenario, CellResult]:
     """Conversation `index` of a run with `seed` (the report's "e.g. conversation N") and its cell, to look at."""
     from engine.models import load_model
-    from engine.simulate import local_scenario, run_cell_with
+    from engine.simulate import run_cell_with
 
     _check_inputs(model_id, engine)
     model = load_model(model_id)
     scenario = random_scenario(model.spec.family, seed, index)
-    with local_scenario(scenario):
-        return scenario, run_cell_with(model, scenario.id, engine, {})
+    return scenario, run_cell_with(model, scenario, engine, {})
 
 
 def conversation_text(scenario: Scenario, cell: CellResult) -> str:

@@ -3,9 +3,9 @@
 The template's AST is rewritten so that every construct that can transform or drop a message field reports what it
 did and can be undone for one message at a time:
   - text filters (`|trim`, `|tojson`, `|string`, `|replace`, ...) and string methods (`.strip()`, `.lstrip('\\n')`,
-    `.split('</think>')[-1]`, ...): `drift_op(id, result, input)`; undone, the input passes through unchanged;
-  - conditions (`{% if %}`, `{% elif %}`, inline `a if c else b`): `drift_if(id, test)`; undone, the other branch;
-  - outputs (`{{ ... }}` and literal template text): `drift_out(id, value)`; undone, nothing is emitted.
+    `.split('</think>')[-1]`, ...): `result|drift_op(id, input)`; undone, the input passes through unchanged;
+  - conditions (`{% if %}`, `{% elif %}`, inline `a if c else b`): `test|drift_if(id)`; undone, the other branch;
+  - outputs (`{{ ... }}` and literal template text): `value|drift_out(id)`; undone, nothing is emitted.
 The rewritten template is compiled in the same sandboxed environment as the real one, and with nothing undone it
 renders the same text (checked by the caller). Undoing only from the message whose rendering broke on leaves the rest
 of the conversation, and so the previous prompt, as the real template renders it: that is the counterfactual "had
@@ -134,8 +134,9 @@ class _Rewriter(NodeTransformer):
         return construct.id
 
     @staticmethod
-    def _call(function: str, *args: nodes.Expr, lineno: int) -> nodes.Call:
-        return nodes.Call(nodes.Name(function, "load", lineno=lineno), list(args), [], None, None, lineno=lineno)
+    def _call(function: str, ident: nodes.Const, value: nodes.Expr, *args: nodes.Expr, lineno: int) -> nodes.Filter:
+        # A filter, not a call: filters are called directly, calls go through the sandbox's checks on every run.
+        return nodes.Filter(value, function, [ident, *args], [], None, None, lineno=lineno)
 
     def _op(self, node: nodes.Expr, receiver: nodes.Expr, name: str, description: str, receiver_text: str
             ) -> nodes.Expr:
@@ -228,7 +229,11 @@ class InstrumentedTemplate:
         self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
         self._local = threading.local()  # the web app renders from several threads
         environment = environment.overlay()
-        environment.globals.update(drift_op=self._op, drift_if=self._if, drift_out=self._out)
+        # The overlay shares its parent's filter table: give it its own before adding ours.
+        environment.filters = {**environment.filters,
+                               "drift_op": lambda result, ident, value: self._op(ident, result, value),
+                               "drift_if": lambda test, ident: self._if(ident, test),
+                               "drift_out": lambda value, ident: self._out(ident, value)}
         self._template = environment.from_string(tree)
 
     def render(self, chat: list[dict], variables: dict, *, undo_from: int | None = None,
@@ -241,8 +246,11 @@ class InstrumentedTemplate:
         run = _Run({id(m): i for i, m in enumerate(chat)}, undo_from, frozenset(undo) | frozenset(substitute),
                    substitute, record=not undo and not substitute)
         self._local.run = run
+        template = self._template
         try:
-            text = self._template.render(messages=chat, **variables)
+            # Template.render without its traceback rewriting: a counterfactual that fails only needs to fail.
+            text = template.environment.concat(template.root_render_func(template.new_context(
+                {"messages": chat, **variables})))
         finally:
             self._local.run = None
         return text, run.evaluations
@@ -271,6 +279,8 @@ class InstrumentedTemplate:
 
     def _op(self, ident: int, result: object, value: object) -> object:
         run = self._local.run
+        if not run.record and ident not in run.undo:
+            return result  # the common case of a counterfactual render: this construct is left as it is
         message = self._message_if_wanted(run, ident)
         if run.record:
             run.evaluations.append(Evaluation(ident, message, value, result))
@@ -282,6 +292,8 @@ class InstrumentedTemplate:
 
     def _if(self, ident: int, test: object) -> object:
         run = self._local.run
+        if not run.record and ident not in run.undo:
+            return test
         message = self._message_if_wanted(run, ident)
         if run.record:
             run.evaluations.append(Evaluation(ident, message, bool(test)))
@@ -289,6 +301,8 @@ class InstrumentedTemplate:
 
     def _out(self, ident: int, value: object) -> object:
         run = self._local.run
+        if not run.record and ident not in run.undo:
+            return value
         message = self._message_if_wanted(run, ident)
         if run.record:
             run.evaluations.append(Evaluation(ident, message, value))

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,10 +30,12 @@ from jinja2 import nodes  # noqa: E402
 from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 
 from engine.errors import RenderError  # noqa: E402
+from engine.render.cache import request_key  # noqa: E402
 from engine.render.constructs import Construct, Evaluation, InstrumentedTemplate  # noqa: E402
 from engine.types import Provenance, Rendered, RenderRequest  # noqa: E402
 
 T = TypeVar("T")
+COUNTERFACTUAL_MEMO = 4096  # counterfactual renders kept per template (the default matrix makes about 3,000)
 
 
 def _transformers_pieces():
@@ -150,6 +153,8 @@ class JinjaRenderer:
         overlay.drift_record = self._record  # type: ignore[attr-defined]
         self._template = overlay.from_string(source)
         self._instrumented_template: InstrumentedTemplate | None = None
+        self._counterfactual_context: tuple | None = None
+        self._counterfactuals: OrderedDict = OrderedDict()
 
     def source_lines(self) -> list[str]:
         return self._source.splitlines()
@@ -178,10 +183,26 @@ class JinjaRenderer:
                               ) -> tuple[str, list[Evaluation]]:
         """The prompt with the constructs `undo` undone (and ops in `substitute` giving other text) from message
         `undo_from` on, and, when nothing is changed, every construct's runs."""
-        chat, variables = self.template_context(request.messages, request.tools, request.add_generation_prompt,
-                                                request.kwargs)
-        return self._guarded(lambda: self._instrumented().render(chat, variables, undo_from=undo_from, undo=undo,
-                                                                 substitute=substitute))
+        # Blame renders one request once per candidate, and the engines' columns often send the same request: the
+        # template context is built once per request, each counterfactual rendered once.
+        key = (request_key(request.messages, request.tools, request.add_generation_prompt, request.kwargs),
+               undo_from, frozenset(undo), tuple(sorted((k, tuple(sorted(v.items())))
+                                                         for k, v in (substitute or {}).items())))
+        memo = self._counterfactuals
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+        cached = self._counterfactual_context
+        if cached is None or cached[0] != key[0]:
+            cached = self._counterfactual_context = (key[0], *self.template_context(
+                request.messages, request.tools, request.add_generation_prompt, request.kwargs))
+        _, chat, variables = cached
+        result = self._guarded(lambda: self._instrumented().render(chat, variables, undo_from=undo_from, undo=undo,
+                                                                   substitute=substitute))
+        memo[key] = result
+        if len(memo) > COUNTERFACTUAL_MEMO:
+            memo.popitem(last=False)
+        return result
 
     def _record(self, line: int, is_root: bool, value: str) -> str:
         rec = self._recorder
