@@ -18,7 +18,7 @@ from engine.simulate import run_cell_with
 from engine.traces.evidence import step_view, trace_evidence, trace_markdown
 from engine.traces.readers import FORMATS
 from engine.traces.report import TraceReport, analyse_trace
-from engine.traces.store import StoredTrace, TraceStore
+from engine.traces.store import StoredTrace, TraceLimits, TraceStore
 from engine.workspace import default_root
 from pages.common import cached_model, describe_error, show_break, show_cause, show_view
 
@@ -57,7 +57,8 @@ def _analysed(path: str, sha256: str, name: str, model_id: str, engine: str | No
 def _upload(store: TraceStore) -> None:
     with st.form("traffic:upload_form", clear_on_submit=True):
         upload = st.file_uploader("A trace file: " + ", ".join(f.title for f in FORMATS.values()),
-                                  key="traffic:file")
+                                  key="traffic:file", help=f"up to {TraceLimits.from_env().max_bytes >> 20} MB "
+                                  "here; a larger log: python -m engine trace FILE")
         submitted = st.form_submit_button("Store and analyse", type="primary")
     if not submitted or upload is None:
         return

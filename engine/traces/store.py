@@ -32,7 +32,7 @@ META = "meta.json"
 
 @dataclass(frozen=True)
 class TraceLimits:
-    max_bytes: int = 200 * _MB  # DRIFT_TRACE_MAX_BYTES; Streamlit's own upload cap is 200 MB too
+    max_bytes: int = 50 * _MB  # DRIFT_TRACE_MAX_BYTES; the app's server takes 50 MB (.streamlit/config.toml)
 
     @classmethod
     def from_env(cls) -> TraceLimits:
