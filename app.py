@@ -13,6 +13,7 @@ navigation = st.navigation([
     st.Page(MATRIX, title="Drift matrix", icon=":material/grid_on:", default=True, url_path="drift-matrix"),
     st.Page("pages/custom_templates.py", title="Custom templates", icon=":material/upload_file:", url_path="custom"),
     st.Page("pages/session.py", title="Agent session", icon=":material/timeline:", url_path="session"),
+    st.Page("pages/traffic.py", title="Your traffic", icon=":material/query_stats:", url_path="traffic"),
     # /matrix (the name the page goes by) opens the matrix too, with its query parameters, instead of Streamlit's
     # "Page not found" dialog: the default page is only reachable at "/".
     st.Page(MATRIX, title="Drift matrix", url_path="matrix", visibility="hidden"),

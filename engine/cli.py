@@ -404,6 +404,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from engine.models import load_model
+    from engine.traces.report import analyse_trace, report_text
+
+    model = load_model(args.model) if args.model else None
+    report = analyse_trace(args.file, model, engine=args.engine, trace_format=args.format,
+                           block_size=args.block_size, hints=not args.no_hints)
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report_text(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # `drift-matrix` (the installed command) or `python -m engine`: the same CLI, named as it was started.
     started_as = Path(sys.argv[0]).name
@@ -506,6 +520,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "its result and cause) instead of running all of them")
     fuzz.add_argument("--json", metavar="PATH|-")
     fuzz.set_defaults(func=cmd_fuzz)
+
+    trace = sub.add_parser("trace", help="your own traffic: where a logged trace's prefix cache broke, and why")
+    trace.add_argument("file", help="a vLLM or SGLang request log, verifiers results.jsonl, an ATIF, "
+                       "mini-swe-agent or SWE-agent trajectory, or OpenAI-style request/response JSONL")
+    trace.add_argument("--model", help="the model that served it (its tokenizer decodes, its template replays)")
+    trace.add_argument("--engine", metavar="E", help="vllm@V, sglang@V or raw: replay every break through it")
+    trace.add_argument("--format", help="skip auto-detection: vllm-log, sglang-log, verifiers, atif, openai-jsonl, "
+                       "mini-swe-agent, swe-agent")
+    trace.add_argument("--block-size", type=int, default=16)
+    trace.add_argument("--no-hints", action="store_true", help="causes without fix hints (fewer re-renders)")
+    trace.add_argument("--json", metavar="PATH|-")
+    trace.set_defaults(func=cmd_trace)
     return parser
 
 

@@ -34,6 +34,7 @@ from engine.evidence import (
 from engine.models import LoadedModel, load_model
 from engine.scenario import load_scenario
 from engine.simulate import Boundary, CellResult
+from engine.types import Cause
 
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
@@ -96,9 +97,12 @@ def _from(message_index: int, line: int) -> str:
 def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
     """The construct that changed the model's text first, then where the differing character was emitted, what changed,
     the re-run that proves it, and the fix (itself proved by a re-run)."""
-    cause = cell.cause
-    if cause is None:
-        return
+    if cell.cause is not None:
+        show_cause(cell.cause, model, apply_fix, key)
+
+
+def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
+    """The cause card of a matrix cell or of a replayed trace step."""
     with st.container(border=True):
         url = cause_url(cause, model)
         location = f"[`{cause.location}`]({url})" if url else f"`{cause.location}`"

@@ -6,6 +6,7 @@ one and a hostile one), opens the session page, and saves screenshots to build/s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -231,3 +232,41 @@ def test_side_by_side_at_1280_px_with_uploads_tooltip_and_error_cell(page, app_u
         page.screenshot(path=str(SHOTS / "error-cell.png"))
     finally:
         page.set_viewport_size({"width": 1600, "height": 1200})
+
+
+def test_your_traffic_upload_table_break_export(page, app_url) -> None:
+    page.goto(app_url)
+    page.get_by_role("link", name="Your traffic").click()
+    page.get_by_text("Load what your server").first.wait_for()
+    page.locator("input[type=file]").first.set_input_files(str(ROOT / "samples" / "traces" / "sglang-0.5.23.log"))
+    page.get_by_role("button", name="Store and analyse").click()
+    stored = page.get_by_text("Stored sglang-0.5.23.log")
+    try:
+        stored.wait_for()
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(SHOTS / "traffic-failed.png"), full_page=True)
+        raise
+    assert "(sglang-log, 11 requests, 5 session(s))" in stored.inner_text()
+    page.get_by_role("combobox").nth(2).click()  # the engine that served it
+    page.get_by_role("option", name="sglang@0.5.23").click()
+    page.get_by_text("Session 2 (prefix-2)").wait_for()
+    grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
+    grid.scroll_into_view_if_needed()
+    box = grid.bounding_box()
+    assert box is not None
+    # Request 3, which breaks: its row's selection box, reached as a real pointer does (see _click_cell).
+    page.mouse.move(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2, steps=8)
+    page.mouse.down()
+    page.mouse.up()
+    cause = page.get_by_text("Cause: template", exact=True)
+    cause.wait_for()
+    page.locator("tr.first").first.wait_for()  # the break view's first differing token row
+    assert "<tool_call>" in page.locator("tr.first").first.inner_text()
+    cause.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "traffic-break.png"))
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Evidence JSON").click()
+    evidence = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    broken = evidence["sessions"][1]["requests"][2]
+    assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
+    assert broken["window"]["first_token"] == 1013

@@ -1,0 +1,120 @@
+"""One request through our model of production: the client's messages through the engine's request side and the
+model's real template and tokenizer; a completion text through the engine's parsers back into the message a client
+sends. The replay of a trace step and the sample generator both go this way (the same calls engine.simulate makes).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ExplorerError, RenderError
+from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
+from engine.models import LoadedModel
+from engine.simulate import client_message, raw_request, undo_request_edit
+from engine.types import Edit, ParseResult, Rendered, RenderRequest
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one engine does: `name` ("raw" is the format's lossless split), `spec` as users write it."""
+
+    spec: str
+    emulation: Any | None  # engine.parsers EngineEmulation, None for raw
+
+    @property
+    def origin(self) -> str:
+        return self.emulation.origin if self.emulation is not None else "the raw split"
+
+
+def served_by(engine: str) -> Served:
+    if engine == "raw":
+        return Served("raw", None)
+    from engine.parsers import get_engine, list_engines
+
+    try:
+        emulation = get_engine(engine)
+    except ValueError:
+        raise ExplorerError(f"unknown engine {engine!r}; known: raw, {', '.join(list_engines())}") from None
+    return Served(emulation.spec, emulation)
+
+
+def template_kwargs(model: LoadedModel, request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    return {**model.spec.default_kwargs(), **(request_kwargs or {})}
+
+
+def render_request(model: LoadedModel, served: Served, messages: list[dict], tools: list[dict] | None,
+                   kwargs: dict[str, Any], *, undo: Edit | None = None
+                   ) -> tuple[Rendered, tuple[Edit, ...], RenderRequest]:
+    """The prompt the server renders for these client messages, its request-side edits (`undo`: one of them undone,
+    for blame's counterfactuals) and what the template was given."""
+    edits: tuple[Edit, ...] = ()
+    if served.emulation is None:
+        to_render = raw_request(messages, get_format(model.spec.family).arguments_in_history)
+    else:
+        prep = served.emulation.prepare_request(messages, tools)
+        if prep.error:
+            raise ExplorerError(f"{served.origin} rejects the request: {prep.error}")
+        to_render, edits = prep.messages, prep.edits
+        if undo is not None:
+            to_render, edits = undo_request_edit(to_render, messages, undo), tuple(e for e in edits if e != undo)
+    try:
+        rendered = model.renderer.render(to_render, tools, add_generation_prompt=True, kwargs=kwargs)
+    except RenderError as err:
+        raise ExplorerError(f"model {model.id}: the request cannot be rendered: {err}") from None
+    return rendered, edits, RenderRequest(to_render, tools, True, kwargs)
+
+
+def completion_of(model: LoadedModel, text: str) -> Completion:
+    """A completion as the model emitted it: stopped when it ends with the model's stop token, else truncated."""
+    stop = next((s for s in model.spec.stop_tokens if s and text.endswith(s)), None)
+    return Completion(text, stop, stop is None)
+
+
+def parse_completion(model: LoadedModel, served: Served, completion: Completion, tools: list[dict] | None,
+                     kwargs: dict[str, Any], calls_so_far: int = 0) -> ParseResult:
+    """What the engine returns to the client for this completion."""
+    fmt = get_format(model.spec.family)
+    if served.emulation is None:
+        return fmt.raw_parse(completion.parser_text)
+    parsers = model.spec.engine_parsers.get(served.emulation.name, {})
+    tool_parser = parsers.get("tool_call_parser")
+    try:
+        parsed = served.emulation.parse(
+            served.emulation.output_text(completion.text, completion.stop_token, tool_parser),
+            reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser, tools=tools,
+            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far)
+    except (ValueError, NotImplementedError) as err:
+        raise ExplorerError(f"model {model.id}: {served.origin} cannot parse this output ({err})") from None
+    if parsed.error:
+        raise ExplorerError(f"model {model.id}: {served.origin} fails the completion: {parsed.error}")
+    return parsed
+
+
+def returned_message(parsed: ParseResult, call_ids: list[str] | None = None, calls_so_far: int = 0) -> dict:
+    """The assistant message a client sends back: the engine's fields, its call ids (else the client's)."""
+    ids = [c.id or (call_ids[i] if call_ids and i < len(call_ids) else f"call_{calls_so_far + i}")
+           for i, c in enumerate(parsed.tool_calls)]
+    return client_message(parsed, ids)
+
+
+def turn_of(message: dict, where: str) -> AssistantTurn:
+    """An assistant message (reasoning, content, tool calls) as the abstract turn the format writers take."""
+    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(function, dict) or not isinstance(arguments, dict):
+            raise ExplorerError(f"{where}: a tool call needs function.name and JSON object arguments")
+        calls.append(ToolCallSpec(str(function.get("name")), arguments, call.get("id")))
+    return AssistantTurn(reasoning if isinstance(reasoning, str) else None, content, tuple(calls))

@@ -1,0 +1,560 @@
+"""Readers for the trace formats people have, each following one version of the code that writes it.
+
+- `vllm-log`: vLLM 0.33.0's API-server log with --enable-log-requests --enable-log-outputs at --log-level DEBUG
+  (vllm/entrypoints/serve/utils/request_logger.py: log_inputs, log_request_body, log_outputs; vllm/logger.py's
+  line format).
+- `sglang-log`: SGLang 0.5.23 with --log-requests --log-requests-level 3 --log-requests-format json
+  (sglang/srt/utils/request_logger.py: request.received, request.received.openai, request.finished; log_json).
+- `verifiers`: results.jsonl rollouts with the `trajectory` column (verifiers 0.1.8+ TrajectoryStep /
+  TrajectoryStepTokens: tokens.prompt_ids, tokens.completion_ids), as prime-rl reads them.
+- `atif`: an ATIF v1.4+ trajectory (the atif 1.8.0 package's schema: steps[].metrics.prompt_token_ids,
+  completion_token_ids, cached_tokens).
+- `openai-jsonl`: one {"request", "response"} object a line (chat completions; vLLM's prompt_token_ids and
+  choices[].token_ids when the request sets return_token_ids).
+- `mini-swe-agent`: a trajectory_format "mini-swe-agent-1.x" file (mini-swe-agent 2.4.6 DefaultAgent.serialize).
+- `swe-agent`: a SWE-agent 1.x .traj (DefaultAgent.get_trajectory_data: trajectory, history, info).
+
+The README's "Your traffic" section has the table. Line formats are read line by line, keeping only the requests
+still waiting for their output, so a log of any size streams. The trajectory formats are one JSON document per
+trajectory (the packages write them with json.dumps), read whole. Every refusal is one sentence: the file, the line
+or record, what is wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.traces.records import TraceFormatError, TraceRequest
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    name: str
+    title: str
+    detect: Callable[[str, Any], bool]  # (first non-empty line, the first JSON value or None) -> is it this format
+    read: Callable[[str, Iterable[str]], Iterator[TraceRequest]]  # (file name, lines) -> requests
+
+
+def _fail(name: str, where: str, problem: str) -> TraceFormatError:
+    return TraceFormatError(f"{name}: {where}: {problem}")
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _ids(value: Any, name: str, where: str, field: str, hint: str = "") -> tuple[int, ...]:
+    if isinstance(value, list) and "..." in value:
+        raise _fail(name, where, f"{field} was cut short (a \"...\" in the list){hint}")
+    if not _int_list(value):
+        raise _fail(name, where, f"{field} is not a list of token ids (got {type(value).__name__})")
+    return tuple(value)
+
+
+def _json_line(name: str, line_no: int, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _fail(name, f"line {line_no}", f"not valid JSON ({err.msg}, column {err.colno})") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vLLM 0.33.0 request logger
+
+
+_VLLM_HEADER = re.compile(r"^.*?\((?P<process>[^()]*) pid=\d+\) (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[(?P<file>[^\]]+):(?P<line>\d+)\] (?P<message>.*)$")
+_VLLM_DETAILS = re.compile(r"^Request (?P<id>\S+) details: prompt: (?P<prompt>.*), prompt_token_ids: "
+                           r"(?P<ids>\[[0-9, ]*\]|None), prompt_embeds shape: .*\.$")
+_VLLM_BODY = re.compile(r"^Request (?P<id>\S+) JSON body: (?P<body>.*)$")
+_VLLM_OUT_IDS = re.compile(r"^Generated response (?P<id>\S+?)(?P<stream> \(streaming (?:delta|complete)\))? "
+                           r"details: output_token_ids: (?P<ids>\[[0-9, ]*\]|None)$")
+_VLLM_OUT_TEXT = re.compile(r"^Generated response (?P<id>\S+?)(?P<stream> \(streaming (?:delta|complete)\))?: "
+                            r"output: (?P<output>.*), finish_reason: (?P<finish>\S+)$")
+_VLLM_DEBUG_HINT = ("; vLLM logs token ids only with --enable-log-requests --enable-log-outputs at --log-level "
+                    "DEBUG")
+
+
+def _vllm_line(line: str) -> re.Match | None:
+    return _VLLM_HEADER.match(_ANSI.sub("", line.rstrip("\r\n")))
+
+
+def _detect_vllm(first: str, _: Any) -> bool:
+    return _vllm_line(first) is not None
+
+
+def _python_literal(name: str, where: str, text: str, what: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise _fail(name, where, f"{what} is not a Python string literal as vLLM's %r writes it") from None
+
+
+def _read_vllm(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    bodies: dict[str, dict] = {}  # JSON bodies logged before their request's details, by request id
+    pending: dict[str, dict[str, Any]] = {}  # requests whose output has not been logged yet
+    seen_records = False
+    for line_no, line in enumerate(lines, 1):
+        header = _vllm_line(line)
+        if header is None or not header["file"].endswith("request_logger.py"):
+            continue
+        message, where = header["message"], f"line {line_no}"
+        if message.startswith("Received request "):
+            seen_records = True
+            continue
+        if (match := _VLLM_BODY.match(message)) is not None:
+            seen_records = True
+            try:
+                body = json.loads(match["body"])
+            except json.JSONDecodeError as err:
+                raise _fail(name, where, f"the JSON body of request {match['id']} is not valid JSON ({err.msg}, "
+                            f"column {err.colno}); was it cut by --max-log-len?") from None
+            bodies[match["id"]] = body if isinstance(body, dict) else {}
+            continue
+        if (match := _VLLM_DETAILS.match(message)) is not None:
+            seen_records = True
+            request_id = match["id"]
+            if match["ids"] == "None":
+                raise _fail(name, where, f"request {request_id} was logged without prompt_token_ids")
+            prompt = _python_literal(name, where, match["prompt"], f"the prompt of request {request_id}")
+            base = request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
+            pending[request_id] = {"line": line_no, "prompt_ids": tuple(json.loads(match["ids"])),
+                                   "prompt": prompt if isinstance(prompt, str) else None,
+                                   "body": bodies.pop(base, None) or bodies.pop(request_id, None)}
+            continue
+        if (match := _VLLM_OUT_IDS.match(message)) is not None:
+            seen_records = True
+            if "delta" in (match["stream"] or ""):
+                continue
+            entry = pending.get(match["id"])
+            if entry is None:
+                continue  # its request was logged before this file starts (a rotated log)
+            if match["ids"] == "None":
+                raise _fail(name, where, f"the output of request {match['id']} was logged without output_token_ids")
+            entry["completion_ids"] = tuple(json.loads(match["ids"]))
+            continue
+        if (match := _VLLM_OUT_TEXT.match(message)) is not None:
+            seen_records = True
+            if "delta" in (match["stream"] or ""):
+                continue
+            entry = pending.pop(match["id"], None)
+            if entry is None:
+                continue
+            output = _python_literal(name, where, match["output"], f"the output of request {match['id']}")
+            yield _vllm_request(match["id"], entry, output if isinstance(output, str) else None, match["finish"])
+            continue
+        if message.startswith(("Request ", "Generated response ")):
+            raise _fail(name, where, f"a vLLM request-logger record that does not parse: {message[:80]!r}")
+    for request_id, entry in pending.items():
+        if "completion_ids" in entry:  # an output logged with ids, whose text line is missing (an empty reply)
+            yield _vllm_request(request_id, entry, None, None)
+    if not seen_records:
+        raise TraceFormatError(f"{name} has no vLLM request-logger records{_VLLM_DEBUG_HINT}")
+
+
+def _vllm_request(request_id: str, entry: dict[str, Any], output: str | None, finish: str | None) -> TraceRequest:
+    body = entry.get("body") or {}
+    return TraceRequest(
+        format="vllm-log", request_id=request_id, where=f"line {entry['line']}", order=entry["line"],
+        prompt_ids=entry["prompt_ids"], completion_ids=entry.get("completion_ids"), prompt_text=entry["prompt"],
+        completion_text=output, messages=_messages(body.get("messages")), tools=_tools(body.get("tools")),
+        model=body.get("model"), finish_reason=finish, chat_template_kwargs=body.get("chat_template_kwargs"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGLang 0.5.23 request logger, json format
+
+
+_SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (?P<json>\{.*\})\s*$")
+_SGLANG_EVENTS = ("request.received", "request.received.openai", "request.finished")
+_SGLANG_HINT = "; SGLang logs whole id lists only at --log-requests-level 3"
+
+
+def _detect_sglang(first: str, _: Any) -> bool:
+    match = _SGLANG_LINE.match(first)
+    return bool(match) and '"event": "request.' in match["json"]
+
+
+def _read_sglang(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    openai_bodies: dict[str, dict] = {}  # the OpenAI request as received, by the rid the client gave
+    received: dict[str, int] = {}  # rid -> the line its request.received record is on
+    seen = False
+    for line_no, line in enumerate(lines, 1):
+        match = _SGLANG_LINE.match(line)
+        if match is None:
+            continue
+        where = f"line {line_no}"
+        record = _json_line(name, line_no, match["json"])
+        event = record.get("event") if isinstance(record, dict) else None
+        if event not in _SGLANG_EVENTS:
+            continue
+        seen = True
+        obj = record.get("obj")
+        if not isinstance(obj, dict):
+            raise _fail(name, where, f"the {event} record has no obj")
+        if event == "request.received.openai":
+            if isinstance(obj.get("rid"), str):
+                openai_bodies[obj["rid"]] = obj
+            continue
+        if event == "request.received":
+            if isinstance(record.get("rid"), str):
+                received[record["rid"]] = line_no
+            continue
+        rid = record.get("rid")
+        out = record.get("out")
+        if not isinstance(rid, str) or not isinstance(out, dict):
+            raise _fail(name, where, "the request.finished record lacks rid or out")
+        if "input_ids" not in obj or "output_ids" not in out:
+            raise _fail(name, where, f"request {rid} was logged without input_ids / output_ids{_SGLANG_HINT}")
+        prompt_ids = _ids(obj["input_ids"], name, where, f"obj.input_ids of request {rid}", _SGLANG_HINT)
+        completion_ids = _ids(out["output_ids"], name, where, f"out.output_ids of request {rid}", _SGLANG_HINT)
+        meta = out.get("meta_info") if isinstance(out.get("meta_info"), dict) else {}
+        body = openai_bodies.pop(rid, {})
+        finish = meta.get("finish_reason")
+        yield TraceRequest(
+            format="sglang-log", request_id=rid, where=where, order=received.pop(rid, line_no),
+            session=next((obj[k] for k in ("session_id", "conversation_id") if isinstance(obj.get(k), str)), None),
+            prompt_ids=prompt_ids, completion_ids=completion_ids,
+            prompt_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
+            completion_text=out.get("text") if isinstance(out.get("text"), str) else None,
+            messages=_messages(body.get("messages")), tools=_tools(body.get("tools")), model=body.get("model"),
+            finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+            cached_tokens=meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None,
+            chat_template_kwargs=body.get("chat_template_kwargs"),
+        )
+    if not seen:
+        raise TraceFormatError(f"{name} has no SGLang request.finished records (run with --log-requests "
+                               "--log-requests-level 3 --log-requests-format json)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verifiers results.jsonl
+
+
+def _detect_verifiers(_: str, value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("trajectory"), list) and "history" not in value
+
+
+def _read_verifiers(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    any_rollout = False
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        rollout = _json_line(name, line_no, line)
+        if not isinstance(rollout, dict) or not isinstance(rollout.get("trajectory"), list):
+            raise _fail(name, f"line {line_no}", "a rollout without a trajectory list (save it with the "
+                        "trajectory state column)")
+        any_rollout = True
+        tools = _tools(rollout.get("tool_defs"))
+        for i, step in enumerate(rollout["trajectory"]):
+            where = f"line {line_no}, trajectory[{i}]"
+            if not isinstance(step, dict):
+                raise _fail(name, where, "a trajectory step is not an object")
+            tokens = step.get("tokens")
+            prompt_ids = completion_ids = None
+            if tokens is not None:
+                if not isinstance(tokens, dict):
+                    raise _fail(name, where, "tokens is not an object")
+                prompt_ids = _ids(tokens.get("prompt_ids"), name, where, "tokens.prompt_ids")
+                completion_ids = _ids(tokens.get("completion_ids"), name, where, "tokens.completion_ids")
+            completion = step.get("completion")
+            reply = completion[0] if isinstance(completion, list) and completion and \
+                isinstance(completion[0], dict) else None
+            session = step.get("trajectory_id") or rollout.get("trajectory_id") or f"rollout on line {line_no}"
+            yield TraceRequest(
+                format="verifiers", request_id=f"{session}#{i}", where=where, session=str(session),
+                prompt_ids=prompt_ids, completion_ids=completion_ids,
+                messages=_messages(step.get("prompt")), tools=tools, response_message=reply,
+                finish_reason=None,
+            )
+    if not any_rollout:
+        raise TraceFormatError(f"{name} holds no verifiers rollout")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ATIF v1.4+ (atif 1.8.0)
+
+
+def _detect_atif(_: str, value: Any) -> bool:
+    return isinstance(value, dict) and str(value.get("schema_version", "")).startswith("ATIF-v")
+
+
+def _read_atif(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    document = _whole_json(name, lines)
+    version = str(document.get("schema_version", ""))
+    steps = document.get("steps")
+    if not isinstance(steps, list):
+        raise _fail(name, "steps", "an ATIF trajectory needs a steps list")
+    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
+    tools = _tools(agent.get("tool_definitions"))
+    session = document.get("session_id") or document.get("trajectory_id") or Path(name).stem
+    messages: list[dict] = []
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if not isinstance(step, dict) or step.get("source") not in ("system", "user", "agent"):
+            raise _fail(name, where, "a step needs source system, user or agent")
+        if step.get("step_id") != i + 1:
+            raise _fail(name, where, f"step_id={step.get('step_id')!r} is not sequential; expected {i + 1}")
+        text = _text(step.get("message"))
+        if step["source"] != "agent":
+            messages.append({"role": step["source"], "content": text})
+            continue
+        metrics = step.get("metrics") if isinstance(step.get("metrics"), dict) else {}
+        prompt_ids = completion_ids = None
+        if metrics.get("prompt_token_ids") is not None or metrics.get("completion_token_ids") is not None:
+            prompt_ids = _ids(metrics.get("prompt_token_ids"), name, where, "metrics.prompt_token_ids",
+                              f" ({version}; prompt_token_ids are v1.4+)")
+            completion_ids = _ids(metrics.get("completion_token_ids"), name, where, "metrics.completion_token_ids")
+        reply: dict[str, Any] = {"role": "assistant", "content": text}
+        if step.get("reasoning_content") is not None:
+            reply["reasoning_content"] = step["reasoning_content"]
+        calls = step.get("tool_calls") or []
+        if calls:
+            try:
+                reply["tool_calls"] = [{"id": c["tool_call_id"], "type": "function",
+                                        "function": {"name": c["function_name"],
+                                                     "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                                       for c in calls]
+            except (KeyError, TypeError):
+                raise _fail(name, where, "a tool call needs tool_call_id, function_name and arguments") from None
+        if step.get("llm_call_count") != 0:
+            cached = metrics.get("cached_tokens")
+            yield TraceRequest(
+                format="atif", request_id=f"{session}#{step['step_id']}", where=where, session=str(session),
+                prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(messages), tools=tools,
+                response_message=reply, model=step.get("model_name") or agent.get("model_name"),
+                cached_tokens=cached if isinstance(cached, int) else None,
+            )
+        messages.append(reply)
+        observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
+        for result in observation.get("results") or []:
+            if isinstance(result, dict):
+                tool = {"role": "tool", "content": _text(result.get("content"))}
+                if result.get("source_call_id"):
+                    tool["tool_call_id"] = result["source_call_id"]
+                messages.append(tool)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenAI-style request/response JSONL
+
+
+def _detect_openai(_: str, value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("request"), dict) and "response" in value
+
+
+def _read_openai(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    count = 0
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = _json_line(name, line_no, line)
+        where = f"line {line_no}"
+        if not isinstance(record, dict) or not isinstance(record.get("request"), dict) or \
+                not isinstance(record.get("response"), dict):
+            raise _fail(name, where, "each line needs a request object and a response object")
+        request, response = record["request"], record["response"]
+        if not isinstance(request.get("messages"), list):
+            raise _fail(name, where, "request.messages is not a list")
+        choices = response.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise _fail(name, where, "response.choices is empty or not a list")
+        choice = choices[0]
+        prompt_ids = completion_ids = None
+        if response.get("prompt_token_ids") is not None:
+            prompt_ids = _ids(response["prompt_token_ids"], name, where, "response.prompt_token_ids")
+            completion_ids = _ids(choice.get("token_ids"), name, where, "response.choices[0].token_ids")
+        metadata = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
+        session = record.get("session_id") or metadata.get("session_id") or request.get("user")
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+        count += 1
+        yield TraceRequest(
+            format="openai-jsonl", request_id=str(response.get("id") or f"line {line_no}"), where=where,
+            session=str(session) if session else None, prompt_ids=prompt_ids, completion_ids=completion_ids,
+            messages=_messages(request["messages"]), tools=_tools(request.get("tools")),
+            response_message=choice.get("message") if isinstance(choice.get("message"), dict) else None,
+            model=request.get("model"), finish_reason=choice.get("finish_reason"),
+            cached_tokens=details.get("cached_tokens") if isinstance(details.get("cached_tokens"), int) else None,
+            chat_template_kwargs=request.get("chat_template_kwargs"),
+        )
+    if not count:
+        raise TraceFormatError(f"{name} holds no request/response line")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mini-swe-agent and SWE-agent trajectories
+
+
+def _detect_mini(_: str, value: Any) -> bool:
+    return isinstance(value, dict) and str(value.get("trajectory_format", "")).startswith("mini-swe-agent")
+
+
+def _detect_swe(_: str, value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("history"), list) and "trajectory" in value
+
+
+def _read_mini(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    document = _whole_json(name, lines)
+    messages = document.get("messages")
+    if not isinstance(messages, list):
+        raise _fail(name, "messages", "a mini-swe-agent trajectory needs a messages list")
+    info = document.get("info") if isinstance(document.get("info"), dict) else {}
+    session = str(info.get("instance_id") or Path(name).stem)
+    sent: list[dict] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _fail(name, where, "a message needs a role")
+        if message["role"] == "exit":
+            continue
+        clean = {k: v for k, v in message.items() if k != "extra" and v is not None}
+        if message["role"] == "assistant":
+            response = (message.get("extra") or {}).get("response") if isinstance(message.get("extra"), dict) \
+                else None
+            prompt_ids = completion_ids = None
+            if isinstance(response, dict) and response.get("prompt_token_ids") is not None:
+                prompt_ids = _ids(response["prompt_token_ids"], name, where, "extra.response.prompt_token_ids")
+                choices = response.get("choices") or [{}]
+                completion_ids = _ids(choices[0].get("token_ids") if isinstance(choices[0], dict) else None, name,
+                                      where, "extra.response.choices[0].token_ids")
+            yield TraceRequest(
+                format="mini-swe-agent", request_id=f"{session}#{i}", where=where, session=session,
+                prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(sent), tools=None,
+                response_message=clean, model=response.get("model") if isinstance(response, dict) else None,
+            )
+        sent.append(clean)
+
+
+def _read_swe(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+    document = _whole_json(name, lines)
+    history = document.get("history")
+    if not isinstance(history, list):
+        raise _fail(name, "history", "a SWE-agent trajectory needs a history list")
+    session = Path(name).stem
+    sent: list[dict] = []
+    for i, entry in enumerate(history):
+        where = f"history[{i}]"
+        if not isinstance(entry, dict) or entry.get("role") not in ("system", "user", "assistant", "tool"):
+            raise _fail(name, where, "a history entry needs role system, user, assistant or tool")
+        message: dict[str, Any] = {"role": entry["role"], "content": _text(entry.get("content"))}
+        if entry.get("tool_calls"):
+            message["tool_calls"] = entry["tool_calls"]
+        ids = entry.get("tool_call_ids")
+        if entry["role"] == "tool" and isinstance(ids, list) and ids:
+            message["tool_call_id"] = ids[0]
+        if entry["role"] == "assistant":
+            yield TraceRequest(format="swe-agent", request_id=f"{session}#{i}", where=where, session=session,
+                               messages=tuple(sent), response_message=message)
+        sent.append(message)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared
+
+
+def _whole_json(name: str, lines: Iterable[str]) -> dict:
+    text = "".join(lines)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _fail(name, f"line {err.lineno}", f"not valid JSON ({err.msg}, column {err.colno})") from None
+    if not isinstance(document, dict):
+        raise _fail(name, "line 1", "the trajectory is not a JSON object")
+    return document
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a content-part list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _messages(value: Any) -> tuple[dict, ...] | None:
+    if not isinstance(value, list):
+        return None
+    return tuple(m for m in value if isinstance(m, dict))
+
+
+def _tools(value: Any) -> tuple[dict, ...] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    # verifiers' Tool is {name, description, parameters}; the templates take OpenAI's {type, function}.
+    return tuple(t if "function" in t else {"type": "function", "function": t} for t in value if isinstance(t, dict))
+
+
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
+    TraceFormat("vllm-log", "vLLM request log (0.33.0)", _detect_vllm, _read_vllm),
+    TraceFormat("sglang-log", "SGLang request log, json (0.5.23)", _detect_sglang, _read_sglang),
+    TraceFormat("atif", "ATIF trajectory (v1.4+)", _detect_atif, _read_atif),
+    TraceFormat("mini-swe-agent", "mini-swe-agent trajectory", _detect_mini, _read_mini),
+    TraceFormat("swe-agent", "SWE-agent trajectory", _detect_swe, _read_swe),
+    TraceFormat("verifiers", "verifiers / prime-rl rollouts (results.jsonl)", _detect_verifiers, _read_verifiers),
+    TraceFormat("openai-jsonl", "OpenAI-style request/response JSONL", _detect_openai, _read_openai),
+)}
+
+
+def _first_value(head: str) -> Any:
+    """The first JSON value of the file's head: its first line (JSONL), else the whole head (a document)."""
+    first = next((line for line in head.splitlines() if line.strip()), "")
+    for text in (first, head):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            continue
+    return _document_keys(head)
+
+
+def _document_keys(head: str) -> dict | None:
+    # A large document cut off at the head: its top-level keys still show which format it is.
+    keys = re.findall(r'^\s{0,2}"([A-Za-z_]+)":\s*("[^"]*")?', head, flags=re.MULTILINE)
+    if not keys:
+        return None
+    return {k: (json.loads(v) if v else []) for k, v in keys}
+
+
+def detect_format(name: str, head: str) -> str:
+    """The format of a file from its first bytes (up to 1 MB); one sentence when none fits."""
+    first = next((line for line in head.splitlines() if line.strip()), "")
+    if not first:
+        raise TraceFormatError(f"{name} is empty")
+    value = _first_value(head)
+    for trace_format in FORMATS.values():
+        if trace_format.detect(first, value):
+            return trace_format.name
+    raise TraceFormatError(f"{name}: line 1 is not any trace format read here ({', '.join(FORMATS)}): "
+                           f"{first[:60]!r}")
+
+
+HEAD_BYTES = 1 << 20
+
+
+def read_trace(path: str | Path, trace_format: str | None = None, *, name: str | None = None) -> Iterator[TraceRequest]:
+    """Every request in the file, in the order the format records them (streamed for the log formats)."""
+    path = Path(path)
+    label = name or path.name
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(HEAD_BYTES).decode("utf-8", errors="replace")
+    except OSError as err:
+        raise TraceFormatError(f"{label} cannot be read: {err.strerror or err}") from None
+    chosen = trace_format or detect_format(label, head)
+    if chosen not in FORMATS:
+        raise TraceFormatError(f"unknown trace format {chosen!r}; known: {', '.join(FORMATS)}")
+    with open(path, encoding="utf-8", errors="strict", newline="") as handle:
+        try:
+            yield from FORMATS[chosen].read(label, handle)
+        except UnicodeDecodeError as err:
+            raise TraceFormatError(f"{label} is not UTF-8 (byte offset {err.start} of a line)") from None

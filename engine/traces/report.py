@@ -1,0 +1,142 @@
+"""A whole trace analysed: read, grouped into sessions, the ground truth of every step, and why each break."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ExplorerError
+from engine.models import LoadedModel
+from engine.traces.readers import read_trace
+from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
+from engine.traces.why import Replay, explain_step
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    source: str
+    format: str
+    model: str | None
+    engine: str | None
+    block_size: int
+    sessions: tuple[SessionTruth, ...]
+    replays: dict[tuple[int, int], Replay] = field(default_factory=dict)  # (session, request) 1-based
+
+    @property
+    def requests(self) -> int:
+        return sum(len(s.steps) for s in self.sessions)
+
+    def attribute(self, session: int, request: int) -> Replay | None:
+        """The replay of that break with its cause attributed (computed once, then kept)."""
+        replay = self.replays.get((session, request))
+        if replay is not None and replay.pending is not None:
+            replay = self.replays[(session, request)] = replay.attributed()
+        return replay
+
+    def attribute_all(self) -> None:
+        for session, request in list(self.replays):
+            self.attribute(session, request)
+
+    def to_json(self) -> dict[str, Any]:
+        sessions = []
+        for s_no, session in enumerate(self.sessions, start=1):
+            requests = []
+            for step in session.steps:
+                row = step.row
+                data: dict[str, Any] = {
+                    "index": row.index, "request_id": step.request.request_id, "where": step.request.where,
+                    "prompt_tokens": row.prompt_tokens, "completion_tokens": row.decode_tokens,
+                    "reused_tokens": row.reusable_tokens, "prefill_tokens": row.prefill_tokens,
+                    "block_reused_tokens": row.block_reusable_tokens, "block_prefill_tokens": row.block_prefill_tokens,
+                    "hybrid_reused_tokens": row.hybrid_reusable_tokens,
+                    "hybrid_prefill_tokens": row.hybrid_prefill_tokens,
+                    "previous_sequence_tokens": row.previous_sequence_tokens,
+                    "common_with_previous": step.common_with_previous, "matched_request": row.matched_request,
+                    "server_cached_tokens": step.request.cached_tokens, "breaks": step.breaks,
+                }
+                if step.first_break is not None:
+                    data["first_break"] = step.first_break.to_json()
+                    replay = self.replays.get((s_no, row.index))
+                    data["replay"] = replay.to_json() if replay else None
+                    data["cause"] = replay.cause.to_json() if replay and replay.cause else None
+                requests.append(data)
+            sessions.append({
+                "session": s_no, "key": session.key, "ids": session.ids_source, "requests": requests,
+                "totals": {"prompt_tokens": session.prompt_tokens, "reused_tokens": session.reused_tokens,
+                           "prefill_tokens": session.prompt_tokens - session.reused_tokens,
+                           "lost_tokens": session.lost_tokens, "breaks": session.breaks},
+            })
+        return {"source": self.source, "format": self.format, "model": self.model, "engine": self.engine,
+                "block_size": self.block_size, "sessions": sessions}
+
+
+def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: str | None = None,
+                  trace_format: str | None = None, block_size: int = 16,
+                  checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
+                  hints: bool = True, attribute: bool = True, name: str | None = None) -> TraceReport:
+    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break
+    (`attribute=False`: the causes of reproduced breaks wait for `TraceReport.attribute`).
+
+    One pass: a request is assigned to its session and its step computed as it is read, and only what a later
+    request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
+    the sessions and the breaks, not the file.
+    """
+    label = name or Path(path).name
+    grouper = Grouper()
+    builders: dict[str, SessionBuilder] = {}
+    replays: dict[tuple[str, int], Replay] = {}
+    chosen = trace_format
+    for request in read_trace(path, trace_format, name=label):
+        chosen = chosen or request.format
+        prompt, completion, source = ids_of(model, request, engine)
+        key = grouper.assign(request, prompt, completion)
+        builder = builders.get(key)
+        if builder is None:
+            builder = builders[key] = SessionBuilder(key, model, source, block_size, checkpoint_policy)
+        previous = builder.previous_request
+        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
+        step = builder.add(request, prompt, completion, source)
+        if step.breaks and explain and model is not None and engine is not None and previous is not None:
+            replays[(key, step.row.index)] = explain_step(model, engine, previous, request, previous_completion,
+                                                          previous_prompt, prompt, step.row.index - 1, hints=hints,
+                                                          attribute_now=attribute)
+    if not builders:
+        raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
+    ordered = sorted(builders.values(), key=lambda b: b.first_order)
+    truths = []
+    numbered: dict[tuple[int, int], Replay] = {}
+    for n, builder in enumerate(ordered, start=1):
+        truth = builder.truth()
+        if truth.key.startswith("prefix-"):
+            truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
+        truths.append(truth)
+        for (key, index), replay in replays.items():
+            if key == builder.key:
+                numbered[(n, index)] = replay
+    return TraceReport(label, chosen or "", model.id if model else None, engine, block_size, tuple(truths), numbered)
+
+
+def report_text(report: TraceReport) -> str:
+    """For people: one line per session, one per request that breaks, with its cause."""
+    lines = [f"{report.source}: {report.format}, {len(report.sessions)} session(s), {report.requests} requests"
+             + (f", model {report.model}" if report.model else "") + (f", replayed through {report.engine}"
+                                                                      if report.engine else "")]
+    for s_no, session in enumerate(report.sessions, start=1):
+        lines.append(f"session {s_no} ({session.key}, ids {session.ids_source}): {len(session.steps)} requests, "
+                     f"{session.prompt_tokens} prompt tokens, {session.reused_tokens} reused, "
+                     f"{session.breaks} break(s), {session.lost_tokens} tokens of cache lost")
+        for step in session.steps:
+            if not step.breaks or step.first_break is None:
+                continue
+            b = step.first_break
+            line = (f"  request {step.row.index} ({step.request.where}): reuses {step.row.reusable_tokens} of "
+                    f"{step.row.previous_sequence_tokens}, prefills {step.row.prefill_tokens}; first differing token "
+                    f"{b.token}: {b.previous_token_text!r} -> {b.next_token_text!r}")
+            replay = report.replays.get((s_no, step.row.index))
+            if replay is not None:
+                line += f"\n    {replay.detail}"
+                if replay.cause is not None:
+                    line += f"\n    {replay.cause.detail}"
+            lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,236 @@
+"""Your own traffic: every sample format loads, its sessions and per-step figures are exact, every break is replayed
+and attributed, and a malformed file of each format gets its one sentence.
+
+The samples in samples/traces/ are our simulator's sessions (Qwen3.5, real template and tokenizer) written as the
+engines and packages write them (samples/traces/generate.py). Each session is one scenario: tool-call holds;
+next-user-turn loses the reasoning at the next user turn (template line 114); args-serialization has vLLM's / SGLang's
+parameter trim; client-drops-reasoning is a client our replay does not model; noncanonical-tokens is a sampled
+tokenization the prompt does not give back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.traces.readers import detect_format, read_trace
+from engine.traces.records import TraceFormatError
+from engine.traces.report import analyse_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples" / "traces"
+
+# (prompt, reused, prefill, block-16 reused, hybrid reused, first differing token) per request
+HOLDS = [(1015, 0, 1015, 0, 0, None), (1081, 1059, 22, 1056, 1059, None)]
+REASONING_DROPPED = [(1015, 0, 1015, 0, 0, None), (1074, 1052, 22, 1040, 1052, None), (1085, 1013, 72, 1008, 0, 1013)]
+PARSER_VLLM = [(1067, 0, 1067, 0, 0, None), (1225, 1118, 107, 1104, 1067, 1118)]
+PARSER_SGLANG = [(1067, 0, 1067, 0, 0, None), (1227, 1118, 109, 1104, 1067, 1118)]
+CLIENT = [(1015, 0, 1015, 0, 0, None), (1065, 1014, 51, 1008, 0, 1014)]
+TOKENIZER = [(1011, 0, 1011, 0, 0, None), (1063, 1011, 52, 1008, 1011, 1011)]
+
+# The same causes as the matrix cells of these scenarios (qwen3.5 × scenario × engine).
+CLIENT_CAUSE = ("client", "client-dropped-field",
+                "the client sent the assistant turn back without reasoning_content (send_reasoning=False)")
+TEMPLATE_CAUSE = ("template", "reasoning-dropped", "Qwen-Qwen3.5-0.8B.jinja:100-103")
+TOKENIZER_CAUSE = ("tokenizer", "retokenised", "tokenizer.json:0")
+VLLM_PARSER_CAUSE = ("parser", "args-type-coerced", "vllm/parser/engine/parser_engine.py:437-462")
+SGLANG_PARSER_CAUSE = ("parser", "args-type-coerced", "sglang/srt/function_call/qwen3_coder_detector.py:229")
+
+
+def figures(report) -> list[list[tuple]]:
+    return [[(s.row.prompt_tokens, s.row.reusable_tokens, s.row.prefill_tokens, s.row.block_reusable_tokens,
+              s.row.hybrid_reusable_tokens, s.first_break.token if s.first_break else None) for s in session.steps]
+            for session in report.sessions]
+
+
+def causes(report) -> dict[int, tuple | None]:
+    """Per session (1-based): the breaking request's cause as (stage, kind, location), None when not reproduced;
+    a client cause is (stage, kind, what changed)."""
+    out = {}
+    for (session, _), replay in sorted(report.replays.items()):
+        cause = replay.cause
+        if not replay.reproduced or cause is None:
+            out[session] = None
+        elif cause.stage == "client":
+            out[session] = (cause.stage, cause.kind, cause.changed)
+        else:
+            out[session] = (cause.stage, cause.kind, cause.location)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35_model():
+    from engine.models import load_model
+
+    return load_model("qwen3.5")
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("vllm-0.33.0.log", "vllm-log"), ("sglang-0.5.23.log", "sglang-log"), ("verifiers-results.jsonl", "verifiers"),
+    ("atif.json", "atif"), ("openai.jsonl", "openai-jsonl"), ("mini-swe-agent.traj.json", "mini-swe-agent"),
+    ("swe-agent.traj", "swe-agent"),
+])
+def test_each_sample_is_detected(name: str, expected: str) -> None:
+    head = (SAMPLES / name).read_text(encoding="utf-8")[:1 << 20]
+    assert detect_format(name, head) == expected
+
+
+def test_vllm_log_interleaved_sessions_by_prefix(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "vllm-0.33.0.log", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.format == "vllm-log"
+    assert [s.key for s in report.sessions] == [f"prefix-{n}" for n in range(1, 6)]
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
+    client = report.replays[(4, 2)]
+    assert client.detail == ("the replay through vllm@0.33.0 with a client that drops the reasoning gives the real "
+                             "prompt; cause: client (client-dropped-field) at vllm-log:line 37:0")
+    # The replays ran on the messages of the JSON body records, matched to their request by id.
+    assert report.sessions[0].steps[0].request.request_id.startswith("chatcmpl-")
+    assert report.replays[(2, 3)].reproduced
+
+
+def test_sglang_log(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "sglang-0.5.23.log", qwen35_model, engine="sglang@0.5.23", hints=False)
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_SGLANG, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: SGLANG_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
+    assert report.sessions[1].steps[2].request.request_id == "next-user-turn-2-3"
+    assert report.sessions[1].steps[2].request.cached_tokens == 0  # what the log says SGLang reused
+
+
+def test_verifiers_sessions_by_trajectory_id(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "verifiers-results.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert len(report.sessions) == 5 and len(report.sessions[0].key) == 32
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
+
+
+def test_openai_jsonl_sessions_by_session_id(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "openai.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert [s.key for s in report.sessions] == ["noncanonical-tokens-5", "client-drops-reasoning-4",
+                                                 "args-serialization-3", "next-user-turn-2", "tool-call-1"]
+    assert figures(report) == [TOKENIZER, CLIENT, PARSER_VLLM, REASONING_DROPPED, HOLDS]
+
+
+def test_atif_trajectory(qwen35_model) -> None:
+    from atif import Trajectory
+
+    document = json.loads((SAMPLES / "atif.json").read_text(encoding="utf-8"))
+    Trajectory.model_validate(document)  # the sample is what the atif 1.8.0 schema accepts
+    report = analyse_trace(SAMPLES / "atif.json", qwen35_model, engine="vllm@0.33.0")
+    assert figures(report) == [REASONING_DROPPED]
+    replay = report.replays[(1, 3)]
+    assert replay.reproduced and replay.cause is not None
+    fix = replay.cause.to_json()["fix"]
+    assert (fix["kind"], fix["proof"]) == ("bridge", "re-run with the bridge: the boundary holds")
+
+
+def test_mini_swe_agent_ids_from_the_response_and_no_tools(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "mini-swe-agent.traj.json", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.sessions[0].ids_source == "logged"
+    assert figures(report) == [REASONING_DROPPED]
+    replay = report.replays[(1, 3)]
+    assert not replay.reproduced
+    assert "mini-swe-agent records no tool list" in replay.detail
+
+
+def test_swe_agent_without_ids_is_rendered(qwen35_model) -> None:
+    report = analyse_trace(SAMPLES / "swe-agent.traj", qwen35_model, engine="vllm@0.33.0", hints=False)
+    assert report.sessions[0].ids_source == "rendered"
+    assert figures(report) == [[(739, 0, 739, 0, 0, None), (789, 738, 51, 736, 0, 738), (809, 737, 72, 736, 0, 737)]]
+
+
+def test_swe_agent_needs_a_model() -> None:
+    with pytest.raises(Exception, match="logs no token ids, so the prompts are rendered"):
+        analyse_trace(SAMPLES / "swe-agent.traj")
+
+
+def test_ids_only_figures_need_no_model() -> None:
+    report = analyse_trace(SAMPLES / "vllm-0.33.0.log")
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+    assert report.replays == {}
+
+
+MALFORMED = {
+    "vllm.log": "vllm.log: line 2: the JSON body of request 2ad1245c92010b38 is not valid JSON (Unterminated "
+                "string starting at, column 41); was it cut by --max-log-len?",
+    "sglang.log": "sglang.log: line 11: obj.input_ids of request noncanonical-tokens-5-1 was cut short (a \"...\" in "
+                  "the list); SGLang logs whole id lists only at --log-requests-level 3",
+    "verifiers.jsonl": "verifiers.jsonl: line 1, trajectory[1]: tokens.prompt_ids is not a list of token ids (got "
+                       "str)",
+    "atif.json": "atif.json: steps[3]: step_id=7 is not sequential; expected 4",
+    "openai.jsonl": "openai.jsonl: line 3: response.choices is empty or not a list",
+    "mini-swe-agent.traj.json": "mini-swe-agent.traj.json: messages[2]: a message needs a role",
+    "swe-agent.traj": "swe-agent.traj: history[1]: a history entry needs role system, user, assistant or tool",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_file_gets_one_sentence(name: str) -> None:
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_trace(SAMPLES / "malformed" / name))
+    assert str(caught.value) == MALFORMED[name]
+
+
+def test_an_unknown_file_gets_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n", encoding="utf-8")
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_trace(path))
+    assert str(caught.value) == ("notes.txt: line 1 is not any trace format read here (vllm-log, sglang-log, atif, "
+                                 "mini-swe-agent, swe-agent, verifiers, openai-jsonl): 'hello'")
+
+
+def test_cli_json_shape() -> None:
+    out = subprocess.run([sys.executable, "-m", "engine", "trace", str(SAMPLES / "vllm-0.33.0.log"), "--model",
+                          "qwen3.5", "--engine", "vllm@0.33.0", "--no-hints", "--json", "-"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert [len(s["requests"]) for s in data["sessions"]] == [2, 3, 2, 2, 2]
+    broken = data["sessions"][1]["requests"][2]
+    assert {k: broken[k] for k in ("prompt_tokens", "reused_tokens", "prefill_tokens", "breaks")} == \
+        {"prompt_tokens": 1085, "reused_tokens": 1013, "prefill_tokens": 72, "breaks": True}
+    assert broken["first_break"]["previous_token_text"] == "<think>"
+    assert broken["first_break"]["next_token_text"] == "<tool_call>"
+    assert broken["cause"]["stage"] == "template"
+    assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
+    assert {"stage", "kind", "location", "origin", "detail", "fix"} <= set(broken["cause"])
+    assert data["sessions"][0]["totals"] == {"prompt_tokens": 2096, "reused_tokens": 1059, "prefill_tokens": 1037,
+                                             "lost_tokens": 0, "breaks": 0}
+
+
+def test_logs_are_read_line_by_line() -> None:
+    """The first request comes out while most of the log is still unread (only pending requests are kept)."""
+    from engine.traces.readers import FORMATS
+
+    lines = (SAMPLES / "vllm-0.33.0.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    consumed = 0
+
+    def feed():
+        nonlocal consumed
+        for line in lines:
+            consumed += 1
+            yield line
+
+    first = next(FORMATS["vllm-log"].read("vllm-0.33.0.log", feed()))
+    assert first.prompt_ids is not None and first.completion_ids is not None
+    assert consumed < len(lines) // 2
+
+
+def test_samples_of_one_prompt_are_separate_sessions(tmp_path: Path) -> None:
+    """Each session's first request again under another request id (a second sample of the same prompt): a session
+    of its own, not a continuation."""
+    import re
+
+    lines = (SAMPLES / "vllm-0.33.0.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    first_wave = lines[1:26]  # the five first requests and their outputs
+    assert sum("details: prompt" in line for line in first_wave) == 5
+    again = re.sub(r"\b([0-9a-f]{16})\b", r"b\1", "".join(first_wave))
+    path = tmp_path / "twice.log"
+    path.write_text("".join(lines) + again, encoding="utf-8")
+    report = analyse_trace(path)
+    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER] + \
+        [[s[0]] for s in (HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER)]

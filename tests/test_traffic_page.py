@@ -1,0 +1,90 @@
+"""The "Your traffic" page through AppTest, and the trace store behind its upload (validated, atomic, by content)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.errors import ExplorerError
+from engine.traces.records import TraceFormatError
+from engine.traces.store import TraceLimits, TraceStore
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+SAMPLES = ROOT / "samples" / "traces"
+
+
+def test_store_keeps_a_trace_once_by_content(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    data = (SAMPLES / "vllm-0.33.0.log").read_bytes()
+    stored = store.add("server.log", data)
+    assert (stored.format, stored.requests, stored.sessions) == ("vllm-log", 11, 5)
+    assert stored.path.read_bytes() == data
+    again = store.add("renamed.log", data)
+    assert again.id == stored.id and again.name == "server.log"
+    assert [t.id for t in store.list()[0]] == [stored.id]
+    store.remove(stored.id)
+    assert store.list() == ([], [])
+
+
+def test_store_refuses_a_malformed_trace_and_leaves_nothing(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    with pytest.raises(TraceFormatError, match=r"^bad\.jsonl: line 3: response\.choices is empty or not a list$"):
+        store.add("bad.jsonl", (SAMPLES / "malformed" / "openai.jsonl").read_bytes())
+    assert list(store.root.iterdir()) == []
+    with pytest.raises(TraceFormatError, match="larger than the 0 MB limit for traces"):
+        TraceStore(tmp_path, TraceLimits(max_bytes=10)).add("big.log", b"x" * 11)
+
+
+def test_store_reports_an_interrupted_upload(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    stored = store.add("a.jsonl", (SAMPLES / "openai.jsonl").read_bytes())
+    (store.root / ".tmp-0123456789abcdef-x").mkdir()
+    (store.root / "ffffffffffffffff").mkdir()  # no meta.json: damaged
+    traces, skipped = store.list()
+    assert [t.id for t in traces] == [stored.id]
+    assert len(skipped) == 2 and "interrupted" in skipped[0] and "damaged" in skipped[1]
+    with pytest.raises(ExplorerError, match="no stored trace"):
+        store.remove("nothing")
+
+
+@pytest.fixture
+def traffic(tmp_path, monkeypatch) -> AppTest:
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
+    TraceStore(tmp_path / "workspace").add("sglang-0.5.23.log", (SAMPLES / "sglang-0.5.23.log").read_bytes())
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/traffic.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_traffic_page_sessions_and_a_break(traffic: AppTest) -> None:
+    assert traffic.title[0].value == "Your traffic"
+    traffic.selectbox(key="traffic:engine").set_value("sglang@0.5.23").run()
+    assert not traffic.exception, [e.value for e in traffic.exception]
+    sessions = traffic.dataframe(key="traffic:sessions").value
+    assert list(sessions["requests"]) == [2, 3, 2, 2, 2]
+    assert list(sessions["cache lost (tokens)"]) == [0, 90, 88, 45, 36]
+    requests = traffic.dataframe(key="traffic:requests:2").value
+    assert list(requests["prefill"]) == [1015, 22, 72]
+    assert list(requests["cause"]) == ["", "", "reproduced: select it"]  # attributed when opened
+    traffic.session_state["traffic:requests:2"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
+    traffic.run()
+    assert not traffic.exception, [e.value for e in traffic.exception]
+    traffic.run()  # the cause is kept: the table shows it now
+    assert list(traffic.dataframe(key="traffic:requests:2").value["cause"]) == ["", "", "template (reasoning-dropped)"]
+    text = " ".join(m.value for m in traffic.markdown)
+    assert "**Cause: template** (reasoning-dropped)" in text
+    assert "first differing token 1013 ('<think>' → '<tool_call>')" in text
+
+
+def test_your_conversation_runs_as_a_matrix_row(traffic: AppTest) -> None:
+    traffic.button(key="traffic:run_row").click().run()
+    assert not traffic.exception, [e.value for e in traffic.exception]
+    row = next(d.value for d in traffic.dataframe if "my-conversation" in d.value.index)
+    assert list(row.columns) == ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss"]
+    assert row.loc["my-conversation", "qwen3.5"] == "✗ -85tok"
+    assert row.loc["my-conversation", "deepseek-v4"] == "✓"
