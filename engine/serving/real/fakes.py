@@ -1,0 +1,70 @@
+"""Permissive stand-ins for the serving infrastructure around the parsers (engine client, model registry, logger …),
+used inside the worker to build each release's own OpenAIServingChat through its real constructor.
+
+A `Permissive` answers every attribute and call with another Permissive that is falsy, empty and equal to nothing,
+so the serving code takes its "feature off" branches; what the parse depends on is set explicitly.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+class Permissive:
+    def __init__(self, name: str = "fake", **attributes: Any) -> None:
+        object.__setattr__(self, "_name", name)
+        for key, value in attributes.items():
+            object.__setattr__(self, key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = Permissive(f"{self._name}.{name}")
+        object.__setattr__(self, name, value)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Permissive:
+        return Permissive(f"{self._name}()")
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __await__(self):
+        if False:
+            yield
+        return None
+
+    def __repr__(self) -> str:
+        return f"<fake {self._name}>"
+
+
+def call_with(function: Any, known: dict[str, Any], *args: Any) -> Any:
+    """Call `function` with the keyword arguments its signature names: known values first, then its own
+    defaults, a Permissive for anything else required (constructors change arguments between releases)."""
+    signature = inspect.signature(function)
+    kwargs: dict[str, Any] = {}
+    positional = list(args)
+    for name, parameter in signature.parameters.items():
+        if name in ("self", "cls") or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if positional:
+            positional.pop(0)
+            continue
+        if name in known:
+            kwargs[name] = known[name]
+        elif parameter.default is parameter.empty:
+            kwargs[name] = Permissive(name)
+    return function(*args, **kwargs)
