@@ -220,6 +220,18 @@ class AddedVocab:
         return pieces or [""]
 
 
+def is_release(engine: str, version: str) -> bool:
+    """Whether engine@version is a release the backend serves: in the cache, or listed by PyPI (the cached index
+    first; the network only when the index is missing or does not know the version)."""
+    if fetch.cached_sources(f"{engine}@{version}") is not None:
+        return True
+    try:
+        fetch.release(engine, version)
+    except fetch.FetchError:
+        return False
+    return True
+
+
 def _pinned(engine: str) -> EngineEmulation:
     from engine.parsers import get_engine
 

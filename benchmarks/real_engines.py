@@ -1,0 +1,203 @@
+"""Every vLLM and SGLang release through the real-engine backend, against the golden corpus (non-streaming).
+
+    python benchmarks/real_engines.py [--engines vllm,sglang] [--releases 0.10.0,0.25.1] [--readme] [--json PATH]
+
+For each release: does it load (its worker starts and lists its parsers), and what do the golden corpus's
+non-streaming cases give. The golden files (tests/golden/) hold what the real parsers of the three pinned releases
+returned; a release is compared with the nearest pinned release of the same engine (by release order), so
+"passes" means "returns what that pinned release returns for every case", and "differs" says how many cases and
+which fields. Cases whose parser the release does not register count as "parser missing" (named). `--readme`
+rewrites the table between the markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import Version
+
+PROJECT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT))
+sys.path.insert(0, str(PROJECT / "tests" / "conformance"))
+
+import corpus  # noqa: E402
+
+from engine.serving.real import fetch  # noqa: E402
+from engine.serving.real.backend import AddedVocab, EngineWorkerError, RealEngine, worker_for  # noqa: E402
+
+GOLDEN = PROJECT / "tests" / "golden"
+PINNED = {"vllm": ["0.33.0"], "sglang": ["0.5.12", "0.5.23"]}
+BEGIN, END = "<!-- real-engines:begin -->", "<!-- real-engines:end -->"
+# CI's sample: spread over each engine's range, the pinned releases included.
+CI_RELEASES = {"vllm": ["0.10.0", "0.15.1", "0.20.2", "0.24.0", "0.25.1", "0.30.0", "0.33.0"],
+               "sglang": ["0.5.1", "0.5.5", "0.5.10", "0.5.12", "0.5.13", "0.5.18", "0.5.23"]}
+
+
+def nearest_pinned(engine: str, version: str) -> str:
+    releases = [r.version for r in fetch.list_releases(engine, offline=True)] or [version]
+    order = {v: i for i, v in enumerate(sorted(set(releases) | {version, *PINNED[engine]}, key=Version))}
+    return min(PINNED[engine], key=lambda p: (abs(order[p] - order[version]), -order[p]))
+
+
+def golden_cases(spec: str) -> list[dict]:
+    """The non-streaming golden cases of a pinned release, each with its file's tools."""
+    cases = []
+    for path in sorted((GOLDEN / spec).glob("*.json")):
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        for case in payload["cases"]:
+            if case["mode"] == "ns":
+                cases.append({**case, "family": payload["family"], "tools": case.get("tools", payload["tools"])})
+    return cases
+
+
+_RANDOM_ID = re.compile(r"^(chatcmpl-tool-|call_)[0-9a-f]{16,32}$")
+
+
+def normalised(result) -> dict | None:
+    """The fields the golden files record, ids normalised as the oracle did."""
+    if result.error:
+        return None
+    return {"reasoning": result.reasoning, "content": result.content,
+            "tool_calls": [{"id": _RANDOM_ID.sub(r"\1<uuid>", c.id or ""), "name": c.name, "arguments": c.arguments}
+                           for c in result.tool_calls]}
+
+
+def run_case(engine: RealEngine, case: dict):
+    family = corpus.FAMILIES[case["family"]]
+    vocab = AddedVocab(dict(family.special_tokens), frozenset(family.special_tokens) - family.not_special)
+    return engine.parse(case["text"], reasoning_parser=case["reasoning_parser"], tool_parser=case["tool_parser"],
+                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=case["chat_template_kwargs"],
+                        history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail)
+
+
+@dataclass
+class Row:
+    spec: str
+    loads: bool
+    against: str
+    cases: int = 0
+    passes: int = 0
+    differs: Counter = field(default_factory=Counter)  # field -> cases
+    missing: set[str] = field(default_factory=set)  # parser names the release does not register
+    missing_cases: int = 0
+    errors: int = 0
+    warnings: set[str] = field(default_factory=set)
+    note: str = ""
+    start_s: float = 0.0
+    seconds: float = 0.0
+    examples: list[str] = field(default_factory=list)
+
+    def verdict(self) -> str:
+        if not self.loads:
+            return f"does not load: {self.note}"
+        if self.cases == self.missing_cases:
+            return "parser missing: " + ", ".join(sorted(self.missing))
+        ran = self.cases - self.missing_cases
+        if self.passes == ran:
+            text = f"passes ({ran}/{ran})"
+        else:
+            fields = ", ".join(f"{name} {count}" for name, count in self.differs.most_common())
+            text = f"differs in {ran - self.passes}/{ran} ({fields})"
+        if self.missing:
+            text += f"; parser missing: {', '.join(sorted(self.missing))} ({self.missing_cases} cases)"
+        return text
+
+    def to_json(self) -> dict:
+        return {"release": self.spec, "loads": self.loads, "against": self.against, "cases": self.cases,
+                "passes": self.passes, "differs": dict(self.differs), "parser_missing": sorted(self.missing),
+                "missing_cases": self.missing_cases, "errors": self.errors, "warnings": sorted(self.warnings),
+                "verdict": self.verdict(), "worker_start_s": round(self.start_s, 3), "seconds": round(self.seconds, 2),
+                "examples": self.examples[:5]}
+
+
+def check_release(engine_name: str, version: str) -> Row:
+    spec = f"{engine_name}@{version}"
+    against = version if version in PINNED[engine_name] else nearest_pinned(engine_name, version)
+    row = Row(spec, loads=False, against=f"{engine_name}@{against}")
+    started = time.perf_counter()
+    try:
+        worker = worker_for(engine_name, version)
+        row.start_s = worker.start_s
+        engine = RealEngine(engine_name, version)
+        names = set(engine.reasoning_parsers) | set(engine.tool_parsers)
+        row.loads = True
+    except (EngineWorkerError, fetch.FetchError) as err:
+        row.note = str(err)
+        return row
+    for case in golden_cases(f"{engine_name}@{against}"):
+        row.cases += 1
+        wanted = [n for n in (case["reasoning_parser"], case["tool_parser"]) if n]
+        absent = [n for n in wanted if n not in names]
+        if absent:
+            row.missing.update(absent)
+            row.missing_cases += 1
+            continue
+        result = run_case(engine, case)
+        row.warnings.update(result.warnings)
+        got = normalised(result)
+        if result.error:
+            row.errors += 1
+        if got == case["expected"] or (got is None and case["expected"] is None):
+            row.passes += 1
+            continue
+        for key in ("reasoning", "content", "tool_calls"):
+            if got is None or case["expected"] is None or got[key] != case["expected"][key]:
+                row.differs["error" if got is None else key] += 1
+        row.examples.append(f"{case['id']}: {result.error or got}")
+    row.seconds = time.perf_counter() - started
+    return row
+
+
+def readme_table(rows: list[Row]) -> str:
+    lines = ["| release | loads | golden corpus, non-streaming (against) |", "|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row.spec} | {'yes' if row.loads else 'no'} | {row.verdict()} ({row.against}) |")
+    return "\n".join(lines)
+
+
+def write_readme(rows: list[Row]) -> None:
+    readme = PROJECT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    readme.write_text(text[:start] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="vllm,sglang")
+    parser.add_argument("--releases", help="comma-separated versions (default: every release); 'ci' for CI's sample")
+    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    parser.add_argument("--json", help="write the rows as JSON to PATH ('-' for stdout)")
+    args = parser.parse_args(argv)
+    rows = []
+    for engine_name in args.engines.split(","):
+        if args.releases == "ci":
+            versions = CI_RELEASES[engine_name]
+        elif args.releases:
+            versions = args.releases.split(",")
+        else:
+            versions = [r.version for r in fetch.list_releases(engine_name)]
+        for version in versions:
+            row = check_release(engine_name, version)
+            rows.append(row)
+            print(f"{row.spec}: {row.verdict()} [{row.seconds:.1f} s]", file=sys.stderr, flush=True)
+    if args.readme:
+        write_readme(rows)
+    if args.json:
+        payload = json.dumps([r.to_json() for r in rows], indent=1, ensure_ascii=False)
+        if args.json == "-":
+            print(payload)
+        else:
+            Path(args.json).write_text(payload + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
