@@ -126,15 +126,16 @@ def check_release(engine_name: str, version: str) -> Row:
         worker = worker_for(engine_name, version)
         row.start_s = worker.start_s
         engine = RealEngine(engine_name, version)
-        names = set(engine.reasoning_parsers) | set(engine.tool_parsers)
+        reasoning_names, tool_names = set(engine.reasoning_parsers), set(engine.tool_parsers)
         row.loads = True
     except (EngineWorkerError, fetch.FetchError) as err:
         row.note = str(err)
         return row
     for case in golden_cases(f"{engine_name}@{against}"):
         row.cases += 1
-        wanted = [n for n in (case["reasoning_parser"], case["tool_parser"]) if n]
-        absent = [n for n in wanted if n not in names]
+        absent = [f"{kind} {name}" for kind, name, names in (("reasoning", case["reasoning_parser"], reasoning_names),
+                                                             ("tool", case["tool_parser"], tool_names))
+                  if name and name not in names]
         if absent:
             row.missing.update(absent)
             row.missing_cases += 1
@@ -147,9 +148,10 @@ def check_release(engine_name: str, version: str) -> Row:
         if got == case["expected"] or (got is None and case["expected"] is None):
             row.passes += 1
             continue
-        for key in ("reasoning", "content", "tool_calls"):
-            if got is None or case["expected"] is None or got[key] != case["expected"][key]:
-                row.differs["error" if got is None else key] += 1
+        if got is None or case["expected"] is None:
+            row.differs["error"] += 1
+        else:
+            row.differs.update(k for k in ("reasoning", "content", "tool_calls") if got[k] != case["expected"][k])
         row.examples.append(f"{case['id']}: {result.error or got}")
     row.seconds = time.perf_counter() - started
     return row

@@ -306,6 +306,27 @@ def cmd_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from engine.timeline import timeline
+
+    try:
+        rows = timeline(args.model, args.scenario, args.engine, first=args.from_version, last=args.to_version,
+                        bisect=args.bisect)
+    except ValueError as err:
+        raise ExplorerError(str(err)) from err
+    if args.json:
+        _write_json({"model": args.model, "scenario": args.scenario, "engine": args.engine,
+                     "releases": [r.to_json() for r in rows]}, args.json)
+        return 0
+    for row in rows:
+        cause = row.cause or {}
+        where = f"{cause.get('stage')} {cause.get('location')} ({cause.get('kind')})" if row.cause else ""
+        first = f"breaks at request {row.first_break}" if row.first_break else ""
+        print(f"{'*' if row.changed else ' '} {row.release:<16} {row.status:<11} {first:<20} {where}"
+              f"{'  ' + row.note if row.note and row.status in ('error', 'unavailable') else ''}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import report_text, run_bench
     from engine.matrix import MatrixRequest, default_request
@@ -415,6 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--stream", action="store_true")
     parse.add_argument("--json", metavar="PATH|-")
     parse.set_defaults(func=cmd_parse)
+
+    timeline_cmd = sub.add_parser("timeline", help="one cell on every engine release, from each release's own code")
+    timeline_cmd.add_argument("--model", required=True)
+    timeline_cmd.add_argument("--scenario", required=True)
+    timeline_cmd.add_argument("--engine", required=True, choices=("vllm", "sglang"))
+    timeline_cmd.add_argument("--from", dest="from_version", metavar="V")
+    timeline_cmd.add_argument("--to", dest="to_version", metavar="V")
+    timeline_cmd.add_argument("--bisect", action="store_true", help="only the releases a binary search needs")
+    timeline_cmd.add_argument("--json", metavar="PATH|-")
+    timeline_cmd.set_defaults(func=cmd_timeline)
 
     bench = sub.add_parser("bench", help="cold start, full matrix, tokenization floor, naive baseline, memory")
     bench.add_argument("--repeat", type=int, default=3, help="runs of the matrix / floor passes; the best counts")

@@ -112,6 +112,14 @@ class Worker:
             return {"ok": True, **self.glue.parsers()}
         if op == "parse":
             return self.parse(request)
+        if op == "network_check":  # the sandbox's own check: can this process open a connection to PyPI?
+            import socket
+
+            try:
+                socket.create_connection(("pypi.org", 443), timeout=3).close()
+                return {"ok": True, "reachable": True}
+            except OSError as err:
+                return {"ok": True, "reachable": False, "error": str(err)}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def parse(self, job: dict) -> dict:
