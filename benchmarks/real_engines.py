@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -171,13 +172,80 @@ def write_readme(rows: list[Row]) -> None:
     readme.write_text(text[:start] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
 
 
+def bench(model: str, scenario: str, repeat: int) -> dict:
+    """Warm parse calls, cold worker starts, and the cell's timeline over every release cold and warm.
+
+    Cold = sources cached, no worker running, the simulator's cell cache empty; warm = every release's worker alive
+    (the worker limit is raised to the number of releases for this run) and the cell cache emptied again."""
+    import statistics
+
+    from engine.serving.real import backend
+    from engine.simulate import _cached_cell
+    from engine.timeline import timeline
+
+    figures: dict = {"model": model, "scenario": scenario}
+    text = ("<think>\nhmm\n</think>\n\nSure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+            "</parameter>\n</function>\n</tool_call>")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    vocab = AddedVocab(dict(corpus.FAMILIES["qwen3"].special_tokens), frozenset())
+    for spec in ("vllm@0.33.0", "vllm@0.20.2", "sglang@0.5.23", "sglang@0.5.12"):
+        engine = RealEngine(*spec.split("@"))
+        engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
+            times.append((time.perf_counter() - started) * 1000)
+        figures[f"warm_parse_ms {spec}"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
+    for engine_name in ("vllm", "sglang"):
+        versions = [r.version for r in fetch.list_releases(engine_name)]
+        backend.stop_workers()
+        starts = {}
+        for version in versions:
+            worker = backend.worker_for(engine_name, version, backend.WorkerLimits(max_workers=len(versions)))
+            starts[version] = round(worker.start_s, 3)
+        figures[f"cold_worker_start_s {engine_name}"] = starts
+        backend.stop_workers()
+        _cached_cell.cache_clear()
+        limits = os.environ.get("DRIFT_ENGINE_MAX_WORKERS")
+        os.environ["DRIFT_ENGINE_MAX_WORKERS"] = str(len(versions))
+        try:
+            started = time.perf_counter()
+            rows = timeline(model, scenario, engine_name)
+            cold = time.perf_counter() - started
+            _cached_cell.cache_clear()
+            started = time.perf_counter()
+            timeline(model, scenario, engine_name)
+            warm = time.perf_counter() - started
+        finally:
+            if limits is None:
+                os.environ.pop("DRIFT_ENGINE_MAX_WORKERS", None)
+            else:
+                os.environ["DRIFT_ENGINE_MAX_WORKERS"] = limits
+            backend.stop_workers()
+        figures[f"timeline_s {engine_name}"] = {"releases": len(rows), "cold": round(cold, 2), "warm": round(warm, 2),
+                                               "changed_at": [r.release for r in rows if r.changed]}
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="vllm,sglang")
     parser.add_argument("--releases", help="comma-separated versions (default: every release); 'ci' for CI's sample")
     parser.add_argument("--readme", action="store_true", help="rewrite the README table")
     parser.add_argument("--json", help="write the rows as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--bench", metavar="MODEL:SCENARIO", help="the benchmark figures instead of the table")
+    parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args(argv)
+    if args.bench:
+        model, scenario = args.bench.split(":")
+        figures = bench(model, scenario, args.repeat)
+        payload = json.dumps(figures, indent=1)
+        print(payload)
+        if args.json and args.json != "-":
+            Path(args.json).write_text(payload + "\n", encoding="utf-8")
+        return 0
     rows = []
     for engine_name in args.engines.split(","):
         if args.releases == "ci":

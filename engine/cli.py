@@ -281,16 +281,21 @@ def cmd_parse(args: argparse.Namespace) -> int:
 
     emulation = get_engine(args.engine)
     spec = load_spec(args.model)
-    names = spec.engine_parsers.get(emulation.name, {})
+    names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
     try:
         text = Path(args.text).read_bytes().decode("utf-8", errors="replace")
         tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
     except (OSError, json.JSONDecodeError) as err:
         raise ExplorerError(f"cannot read parse input: {err}") from err
     try:
+        extra = {}
+        if getattr(emulation, "reads_tokenizer", False):  # the real-engine backend: the model's added tokens
+            from engine.models import load_model
+
+            extra["tokenizer"] = load_model(args.model).tokenizer
         result = emulation.parse(text, reasoning_parser=args.reasoning_parser or names.get("reasoning_parser"),
                                  tool_parser=args.tool_call_parser or names.get("tool_call_parser"), tools=tools,
-                                 stream=args.stream)
+                                 stream=args.stream, **extra)
     except ValueError as err:
         raise ExplorerError(str(err)) from err
     data = result.to_json()

@@ -255,7 +255,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         from engine.parsers import get_engine
 
         emulation = get_engine(engine)
-        parsers = model.spec.engine_parsers.get(emulation.name, {})
+        parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []

@@ -13,7 +13,7 @@ import streamlit as st
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
-from engine.parsers import list_engines
+from engine.parsers import engine_versions
 from engine.scenario import load_scenario, scenario_ids
 from engine.simulate import CellResult, run_cell, run_cell_with
 from pages.common import (
@@ -28,7 +28,8 @@ from pages.common import (
 
 INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 170, 130, 35
 ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", "vLLM | SGLang")
-VERSIONS = {name: [s.split("@")[1] for s in list_engines() if s.startswith(name + "@")] for name in ("vllm", "sglang")}
+# Every release: the pinned ones (emulated) first, then the others (run from their own code).
+VERSIONS = {name: engine_versions(name) for name in ("vllm", "sglang")}
 
 
 @dataclass(frozen=True)

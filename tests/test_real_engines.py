@@ -121,3 +121,14 @@ def test_worker_is_sandboxed_and_reports_its_stubs():
         pytest.skip("this kernel refuses unprivileged network namespaces (unshare -rn): the worker has network")
     reply = worker.ask({"op": "network_check"}, 10)
     assert reply["ok"] and reply["reachable"] is False
+
+
+def test_ci_sample_of_releases_loads_and_runs_the_golden_corpus():
+    import real_engines
+
+    specs = [f"{engine}@{v}" for engine, versions in real_engines.CI_RELEASES.items() for v in versions]
+    need(*specs)
+    rows = [real_engines.check_release(*spec.split("@")) for spec in specs]
+    assert [(r.spec, r.loads) for r in rows] == [(s, True) for s in specs]
+    # every release ran the corpus cases whose parsers it registers (the verdicts are the README table's)
+    assert all(r.cases == 259 and r.cases - r.missing_cases > 0 for r in rows)

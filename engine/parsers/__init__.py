@@ -3,6 +3,8 @@
 Each engine version is one package (vllm_0_33_0, sglang_0_5_23, sglang_0_5_12) with one module per model family.
 Every other release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to the real-engine backend
 (engine/serving/real): that release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
+A parser pair other than the model's own is named after the release by the engine's CLI names:
+`vllm@0.31.0/qwen3+hermes` (`-` for none: `sglang@0.5.15/-+llama3`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
 
-__all__ = ["EngineEmulation", "RequestPrep", "get_engine", "list_engines"]
+__all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "get_engine", "list_engines"]
 
 _ENGINES: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
@@ -26,7 +28,31 @@ def list_engines() -> list[str]:
     return list(_ENGINES)
 
 
+def engine_versions(name: str) -> list[str]:
+    """The versions a user can pick for `name`: the pinned (emulated) ones first, newest first, then every other
+    release on PyPI, newest first, from the cached release index (PyPI is asked only when there is none)."""
+    from engine.serving.real import fetch
+
+    pinned = sorted((s.split("@")[1] for s in _ENGINES if s.startswith(name + "@")), key=fetch.Version, reverse=True)
+    try:
+        listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name)
+    except fetch.FetchError:
+        listed = []
+    return pinned + [r.version for r in reversed(listed) if r.version not in pinned]
+
+
 def get_engine(spec: str) -> EngineEmulation:
+    release, _, pair = spec.partition("/")
+    if pair:
+        reasoning, plus, tool = pair.partition("+")
+        if not plus:
+            raise ValueError(f"engine {spec!r}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
+        engine = get_engine(release)
+        override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
+                    "tool_call_parser": None if tool in ("", "-") else tool}
+        engine._check_names(override["reasoning_parser"], override["tool_call_parser"])
+        engine.parser_override = override
+        return engine
     key = _NEWEST.get(spec, spec)
     if key in _ENGINES:
         return _ENGINES[key]()

@@ -86,6 +86,8 @@ class EngineEmulation(ABC):
     reasoning_parsers: dict[str, str]  # CLI name -> family
     tool_parsers: dict[str, str]
     families: dict[str, type[FamilyParser]]  # family -> its parser module's class
+    # A parser pair chosen by the user ("vllm@0.31.0/qwen3+hermes") instead of the model's own; None: the model's.
+    parser_override: dict[str, str | None] | None = None
 
     @property
     def origin(self) -> str:

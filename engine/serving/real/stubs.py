@@ -43,7 +43,8 @@ HARDWARE_PROBES = frozenset({
 })
 # The engines' own subpackages that only the model runner and scheduler need (importing them pulls GPU code).
 FORCED_STUBS = {
-    "vllm": ("vllm.config", "vllm.distributed", "vllm.multimodal", "vllm.model_executor", "vllm.ir"),
+    "vllm": ("vllm.config", "vllm.distributed", "vllm.multimodal", "vllm.model_executor", "vllm.ir",
+             "vllm.attention.layer"),  # the last two register torch ops at import
     # What the serving path would otherwise pull in from the scheduler and model runner (found by running releases).
     "sglang": ("sglang.srt.managers.scheduler", "sglang.srt.models", "sglang.srt.layers", "sglang.srt.distributed",
                "sglang.srt.model_executor", "sglang.srt.mem_cache", "sglang.srt.disaggregation",
