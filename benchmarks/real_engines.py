@@ -13,6 +13,7 @@ rewrites the table between the markers in README.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -70,12 +71,33 @@ def normalised(result) -> dict | None:
                            for c in result.tool_calls]}
 
 
-def run_case(engine: RealEngine, case: dict):
+def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
     family = corpus.FAMILIES[case["family"]]
-    vocab = AddedVocab(dict(family.special_tokens), frozenset(family.special_tokens) - family.not_special)
+    recipe = engine.name == "sglang" and family.name == "deepseek_v4"
+    vocab = AddedVocab(dict(family.special_tokens), frozenset(family.special_tokens) - family.not_special,
+                       _recipe_tokenizer() if recipe else None)
+    kwargs = case["chat_template_kwargs"]
+    if recipe and kwargs is None:
+        # the corpus's DeepSeek prompts end in <think>: the request that renders them asks for thinking, and the
+        # recipe path reads that flag from the request (serving_chat.py _thinking_requested)
+        kwargs = {"thinking": True}
     return engine.parse(case["text"], reasoning_parser=case["reasoning_parser"], tool_parser=case["tool_parser"],
-                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=case["chat_template_kwargs"],
-                        history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail)
+                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=kwargs,
+                        history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail,
+                        trace=trace)
+
+
+@functools.cache
+def _recipe_tokenizer() -> str:
+    """SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder, which tokenizes with the checkpoint's
+    own tokenizer: the golden corpus's DeepSeek cases get the explorer's real deepseek-v4 tokenizer there."""
+    from engine.models import load_model
+    from engine.serving.real.backend import tokenizer_file
+
+    tokenizer = load_model("deepseek-v4").tokenizer
+    while hasattr(tokenizer, "inner"):
+        tokenizer = tokenizer.inner
+    return tokenizer_file(tokenizer.backend)
 
 
 @dataclass
@@ -158,6 +180,39 @@ def check_release(engine_name: str, version: str) -> Row:
     return row
 
 
+def stale_citations(spec: str) -> dict[str, dict]:
+    """The pinned emulation's cited lines that the release never executed on the golden corpus (non-streaming).
+
+    Each golden case runs through the emulation (its edits cite `path:line[-end]`) and through the real release
+    with the line tracer; a citation is stale when none of its lines ran in that file for that case. Returns
+    {"path:range": {"step", "cases", "executed_near"}} (executed lines of that file within 15 lines)."""
+    from engine.parsers import get_engine
+
+    engine_name, version = spec.split("@")
+    emulation, real = get_engine(spec), RealEngine(engine_name, version)
+    stale: dict[str, dict] = {}
+    for case in golden_cases(spec):
+        emulated = emulation.parse(case["text"], reasoning_parser=case["reasoning_parser"],
+                                   tool_parser=case["tool_parser"], tools=case["tools"],
+                                   chat_template_kwargs=case["chat_template_kwargs"],
+                                   history_tool_calls=case["history_tool_calls"])
+        if not emulated.edits:
+            continue
+        run_case(real, case, trace=True)
+        executed = real.last_trace["lines"] if real.last_trace else {}
+        for edit in emulated.edits:
+            where = edit.location
+            lines = set(executed.get(where.path, []))
+            cited = set(range(where.line, (where.end_line or where.line) + 1))
+            if lines & cited:
+                continue
+            key = f"{where.path}:{where.line}" + (f"-{where.end_line}" if where.end_line else "")
+            entry = stale.setdefault(key, {"step": edit.step, "cases": 0, "executed_near": set()})
+            entry["cases"] += 1
+            entry["executed_near"].update(n for n in lines if abs(n - where.line) <= 15)
+    return {k: {**v, "executed_near": sorted(v["executed_near"])} for k, v in sorted(stale.items())}
+
+
 def readme_table(rows: list[Row]) -> str:
     lines = ["| release | loads | golden corpus, non-streaming (against) |", "|---|---|---|"]
     for row in rows:
@@ -237,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the rows as JSON to PATH ('-' for stdout)")
     parser.add_argument("--bench", metavar="MODEL:SCENARIO", help="the benchmark figures instead of the table")
     parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--citations", metavar="ENGINE@VERSION", help="the pinned emulation's cited lines that the "
+                        "release never executed on the golden corpus")
     args = parser.parse_args(argv)
+    if args.citations:
+        print(json.dumps(stale_citations(args.citations), indent=1))
+        return 0
     if args.bench:
         model, scenario = args.bench.split(":")
         figures = bench(model, scenario, args.repeat)

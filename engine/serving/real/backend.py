@@ -34,7 +34,7 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.serving.real import fetch
-from engine.types import ParseResult, ToolCall
+from engine.types import Edit, Location, ParseResult, ToolCall
 
 ROOT = Path(__file__).resolve().parents[3]
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
@@ -184,6 +184,9 @@ class AddedVocab:
 
     ids: dict[str, int]
     special: frozenset[str]
+    # The model's whole tokenizer.json (a file in the engine cache), for serving code that tokenizes itself
+    # (SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder); the worker then uses real ids.
+    tokenizer_json: str | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> AddedVocab | None:
@@ -195,14 +198,14 @@ class AddedVocab:
         if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
             decoder = backend.get_added_tokens_decoder()
             return cls({t.content: i for i, t in decoder.items()},
-                       frozenset(t.content for t in decoder.values() if t.special))
+                       frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
         if backend is not None and hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
         return None
 
     def job(self) -> dict:
-        return {"added": self.ids, "special": sorted(self.special)}
+        return {"added": self.ids, "special": sorted(self.special), "tokenizer_json": self.tokenizer_json}
 
     def chunks(self, text: str) -> list[str]:
         """The text split at added tokens: each one alone (one id), the text between one piece each."""
@@ -232,6 +235,44 @@ def is_release(engine: str, version: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=16)
+def tokenizer_file(backend: Any) -> str:
+    """A `tokenizers.Tokenizer` written once to the engine cache (by content hash), for the workers to read."""
+    import hashlib
+
+    text = backend.to_str()
+    path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+    if not path.exists():
+        fetch._write_atomic(path, text.encode())
+    return str(path)
+
+
+def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edit, ...]:
+    """The release's own edits behind each response field, from the tracer: for every field whose value is not the
+    model text, the last string edit in the engine's files that produced exactly that value (file:line of that
+    release), and for an empty answer sent as null the line where the local became None."""
+    fields = [("reasoning", result.get("reasoning")), ("content", result.get("content"))]
+    fields += [(f"arguments of {c['name']}", c["arguments"]) for c in result.get("tool_calls", [])]
+    edits: list[Edit] = []
+    for name, value in fields:
+        if value is None or value == text:
+            continue
+        for edit in reversed(trace.get("edits", [])):
+            if edit["kind"] == "string" and edit["after"] == value[:200] and edit["before"] != edit["after"]:
+                edits.append(Edit(f"{name}: {edit['variable']}", edit["before"], edit["after"],
+                                  Location(origin, edit["file"], edit["line"], None),
+                                  f"the release's code set {edit['variable']} to the {name} returned"))
+                break
+    if result.get("content") is None and text:
+        for edit in reversed(trace.get("edits", [])):
+            if edit["kind"] == "type" and edit["after"] == "None":
+                edits.append(Edit("content: null", edit["before"], "", Location(origin, edit["file"], edit["line"],
+                                                                                 None),
+                                  f"the release's code set {edit['variable']} to None: the client gets null"))
+                break
+    return tuple(edits)
+
+
 def _pinned(engine: str) -> EngineEmulation:
     from engine.parsers import get_engine
 
@@ -253,6 +294,7 @@ class RealEngine(EngineEmulation):
     """One release's real response path, behind the same interface as the emulations."""
 
     families: dict = {}
+    last_trace: dict | None = None  # the tracer's report of the last parse(trace=True): executed lines, edits
     reads_tokenizer = True  # the simulator passes the model's tokenizer (its added tokens reach the parsers)
 
     def __init__(self, engine: str, version: str, *, offline: bool = False) -> None:
@@ -315,7 +357,12 @@ class RealEngine(EngineEmulation):
         if result.get("error"):
             return ParseResult(None, None, error=result["error"])
         calls = tuple(ToolCall(c.get("id"), c["name"], c["arguments"]) for c in result["tool_calls"])
-        return ParseResult(result["reasoning"], result["content"], calls, warnings=tuple(reply.get("warnings", ())))
+        edits: tuple[Edit, ...] = ()
+        if trace:
+            self.last_trace = reply.get("trace") or {"lines": {}, "edits": []}
+            edits = traced_edits(self.origin, text, result, self.last_trace)
+        return ParseResult(result["reasoning"], result["content"], calls, edits,
+                           warnings=tuple(reply.get("warnings", ())))
 
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
         return _pinned(self.name).output_text(text, stop_token, tool_parser)

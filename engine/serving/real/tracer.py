@@ -10,17 +10,18 @@ for SGLang and vLLM <= 0.20, more for vLLM's grammar engine (>= 0.25): trace onl
 from __future__ import annotations
 
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-MAX_EDITS = 500
+MAX_EDITS = 5000  # the most recent are kept: the last edits are the ones that made the response
 
 
 class Tracer:
     def __init__(self, root: str) -> None:
         self.root = root
         self.lines: set[tuple[str, int]] = set()
-        self.edits: list[dict] = []
+        self.edits: deque[dict] = deque(maxlen=MAX_EDITS)
         self._last: dict[int, tuple[int, dict[str, Any]]] = {}
 
     def _snapshot(self, frame) -> dict[str, Any]:
@@ -31,7 +32,7 @@ class Tracer:
             key = id(frame)
             previous = self._last.get(key)
             now = self._snapshot(frame)
-            if previous is not None and len(self.edits) < MAX_EDITS:
+            if previous is not None:
                 line, before = previous
                 for name, value in now.items():
                     old = before.get(name, _MISSING)

@@ -26,7 +26,10 @@ class VocabTokenizer:
     """The tokenizer the parsers see: the model's added tokens with their ids and special flags (what the parsers
     look up), every other piece of text one ordinary id. The explorer's real tokenizer supplies the vocabulary."""
 
-    def __init__(self, added: dict[str, int], special: list[str], harmony: bool = False) -> None:
+    def __init__(self, added: dict[str, int], special: list[str], harmony: bool = False,
+                 tokenizer_json: str | None = None) -> None:
+        # With the model's tokenizer.json the ids are real (serving code that tokenizes itself needs them).
+        self.backend_tokenizer = _real_tokenizer(tokenizer_json) if tokenizer_json else None
         self._vocab = dict(added)
         self._inverse = {i: t for t, i in added.items()}
         self.all_special_tokens = [t for t in special if t in added]
@@ -64,19 +67,35 @@ class VocabTokenizer:
         return [self._inverse.get(i, "") for i in ids]
 
     def encode(self, text: str, add_special_tokens: bool = False, **kwargs) -> list[int]:
+        if self.backend_tokenizer is not None:
+            return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
         return [self._vocab.get(text, ORDINARY_TOKEN_ID)]
 
     def decode(self, ids, skip_special_tokens: bool = False, **kwargs) -> str:
         if self.harmony:
             return _harmony().decode(list(ids))
+        if self.backend_tokenizer is not None:
+            return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return "".join(self._inverse.get(i, "") for i in ids)
 
     def ids_for(self, chunks: list[str]) -> list[int]:
-        """Token ids for output chunks: an added token is its id, other text one ordinary id per chunk."""
+        """Token ids for output chunks: real ids with a tokenizer.json; else an added token is its id, other text one
+        ordinary id per chunk."""
+        if self.backend_tokenizer is not None:
+            return list(self.backend_tokenizer.encode("".join(chunks), add_special_tokens=False).ids)
         return [self._vocab[c] if c in self._vocab else ORDINARY_TOKEN_ID for c in chunks]
 
 
 _HARMONY = None
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _real_tokenizer(path: str) -> Any:
+    if path not in _TOKENIZERS:
+        from tokenizers import Tokenizer
+
+        _TOKENIZERS[path] = Tokenizer.from_file(path)
+    return _TOKENIZERS[path]
 
 
 def _harmony():
@@ -102,7 +121,7 @@ class Worker:
             from engine.serving.real import glue_sglang as glue
         self.glue = glue.Glue(version)
         self.import_s = time.perf_counter() - started
-        self.tracer = None
+        self.tokenizers: dict[str, VocabTokenizer] = {}
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
@@ -124,7 +143,12 @@ class Worker:
 
     def parse(self, job: dict) -> dict:
         tok = job["tokenizer"]
-        tokenizer = VocabTokenizer(tok["added"], tok["special"], harmony=bool(job.get("harmony")))
+        key = json.dumps([tok, bool(job.get("harmony"))], sort_keys=True)
+        tokenizer = self.tokenizers.get(key)
+        if tokenizer is None:  # one per vocabulary: serving code caches what it builds from its tokenizer
+            tokenizer = self.tokenizers[key] = VocabTokenizer(tok["added"], tok["special"],
+                                                              harmony=bool(job.get("harmony")),
+                                                              tokenizer_json=tok.get("tokenizer_json"))
         self.touches.names.clear()
         tracer = None
         if job.get("trace"):
