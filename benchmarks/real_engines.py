@@ -185,7 +185,8 @@ def stale_citations(spec: str) -> dict[str, dict]:
 
     Each golden case runs through the emulation (its edits cite `path:line[-end]`) and through the real release
     with the line tracer; a citation is stale when none of its lines ran in that file for that case. Returns
-    {"path:range": {"step", "cases", "executed_near"}} (executed lines of that file within 15 lines)."""
+    {"path:range": {"step", "cases", "first_case", "executed_near"}} (executed lines of that file within 15 lines).
+    The check is by overlap: a range that is stale but overlaps other executed code passes."""
     from engine.parsers import get_engine
 
     engine_name, version = spec.split("@")
@@ -207,7 +208,8 @@ def stale_citations(spec: str) -> dict[str, dict]:
             if lines & cited:
                 continue
             key = f"{where.path}:{where.line}" + (f"-{where.end_line}" if where.end_line else "")
-            entry = stale.setdefault(key, {"step": edit.step, "cases": 0, "executed_near": set()})
+            entry = stale.setdefault(key, {"step": edit.step, "cases": 0, "first_case": case["id"],
+                                           "executed_near": set()})
             entry["cases"] += 1
             entry["executed_near"].update(n for n in lines if abs(n - where.line) <= 15)
     return {k: {**v, "executed_near": sorted(v["executed_near"])} for k, v in sorted(stale.items())}
