@@ -48,13 +48,13 @@ def nearest_pinned(engine: str, version: str) -> str:
     return min(PINNED[engine], key=lambda p: (abs(order[p] - order[version]), -order[p]))
 
 
-def golden_cases(spec: str) -> list[dict]:
-    """The non-streaming golden cases of a pinned release, each with its file's tools."""
+def golden_cases(spec: str, mode: str = "ns") -> list[dict]:
+    """The golden cases of a pinned release in one mode ("ns" non-streaming, "st" streaming), with their tools."""
     cases = []
     for path in sorted((GOLDEN / spec).glob("*.json")):
         payload = json.loads(path.read_text(encoding="utf-8"))
         for case in payload["cases"]:
-            if case["mode"] == "ns":
+            if case["mode"] == mode:
                 cases.append({**case, "family": payload["family"], "tools": case.get("tools", payload["tools"])})
     return cases
 
@@ -67,15 +67,22 @@ def normalised(result) -> dict | None:
     if result.error:
         return None
     return {"reasoning": result.reasoning, "content": result.content,
-            "tool_calls": [{"id": _RANDOM_ID.sub(r"\1<uuid>", c.id or ""), "name": c.name, "arguments": c.arguments}
+            "tool_calls": [{"id": _RANDOM_ID.sub(r"\1<uuid>", c.id) if c.id is not None else None, "name": c.name,
+                            "arguments": c.arguments}
                            for c in result.tool_calls]}
 
 
 def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
     family = corpus.FAMILIES[case["family"]]
     recipe = engine.name == "sglang" and family.name == "deepseek_v4"
-    vocab = AddedVocab(dict(family.special_tokens), frozenset(family.special_tokens) - family.not_special,
-                       _recipe_tokenizer() if recipe else None)
+    model_vocab = _model_vocab(family.name)
+    # DeepSeek V4's 1,283 added tokens make vLLM >= 0.25 build its grammar tables for a second a request: the
+    # corpus's own list there, except for the recipe path that needs the whole tokenizer
+    merged = model_vocab.ids if len(model_vocab.ids) < 200 else {}
+    ids = {**merged, **family.special_tokens}
+    special = ((model_vocab.special & set(merged)) - set(family.special_tokens)) | \
+        (set(family.special_tokens) - family.not_special)
+    vocab = AddedVocab(ids, frozenset(special), model_vocab.tokenizer_json if recipe else None)
     kwargs = case["chat_template_kwargs"]
     if recipe and kwargs is None:
         # the corpus's DeepSeek prompts end in <think>: the request that renders them asks for thinking, and the
@@ -84,20 +91,24 @@ def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
     return engine.parse(case["text"], reasoning_parser=case["reasoning_parser"], tool_parser=case["tool_parser"],
                         tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=kwargs,
                         history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail,
-                        trace=trace)
+                        trace=trace, stream=case["mode"] == "st")
+
+
+# The explorer's model whose real tokenizer each corpus family's outputs come from (Kimi's is not offline; GPT-OSS
+# jobs carry real harmony ids).
+FAMILY_MODELS = {"qwen3": "qwen3.6", "glm": "glm-5.1", "deepseek_v4": "deepseek-v4"}
 
 
 @functools.cache
-def _recipe_tokenizer() -> str:
-    """SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder, which tokenizes with the checkpoint's
-    own tokenizer: the golden corpus's DeepSeek cases get the explorer's real deepseek-v4 tokenizer there."""
+def _model_vocab(family: str) -> AddedVocab:
+    """The family's real tokenizer's added tokens (older releases look up tokens the corpus's short list lacks, e.g.
+    GLM's <|assistant|>); the corpus's own tokens and flags win where both name one. Its tokenizer.json also serves
+    SGLang >= 0.5.18, which sends DeepSeek V4 output through its recipe encoder and tokenizes with it."""
     from engine.models import load_model
-    from engine.serving.real.backend import tokenizer_file
 
-    tokenizer = load_model("deepseek-v4").tokenizer
-    while hasattr(tokenizer, "inner"):
-        tokenizer = tokenizer.inner
-    return tokenizer_file(tokenizer.backend)
+    if family not in FAMILY_MODELS:
+        return AddedVocab({}, frozenset())
+    return AddedVocab.from_tokenizer(load_model(FAMILY_MODELS[family]).tokenizer) or AddedVocab({}, frozenset())
 
 
 @dataclass
@@ -140,7 +151,8 @@ class Row:
                 "examples": self.examples[:5]}
 
 
-def check_release(engine_name: str, version: str) -> Row:
+def check_release(engine_name: str, version: str, mode: str = "ns") -> Row:
+    """One release on the golden corpus in one mode ("ns" non-streaming, "st" streaming with the golden chunks)."""
     spec = f"{engine_name}@{version}"
     against = version if version in PINNED[engine_name] else nearest_pinned(engine_name, version)
     row = Row(spec, loads=False, against=f"{engine_name}@{against}")
@@ -154,7 +166,7 @@ def check_release(engine_name: str, version: str) -> Row:
     except (EngineWorkerError, fetch.FetchError) as err:
         row.note = str(err)
         return row
-    for case in golden_cases(f"{engine_name}@{against}"):
+    for case in golden_cases(f"{engine_name}@{against}", mode):
         row.cases += 1
         absent = [f"{kind} {name}" for kind, name, names in (("reasoning", case["reasoning_parser"], reasoning_names),
                                                              ("tool", case["tool_parser"], tool_names))
@@ -215,18 +227,20 @@ def stale_citations(spec: str) -> dict[str, dict]:
     return {k: {**v, "executed_near": sorted(v["executed_near"])} for k, v in sorted(stale.items())}
 
 
-def readme_table(rows: list[Row]) -> str:
-    lines = ["| release | loads | golden corpus, non-streaming (against) |", "|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row.spec} | {'yes' if row.loads else 'no'} | {row.verdict()} ({row.against}) |")
+def readme_table(rows: list[Row], streamed: list[Row]) -> str:
+    lines = ["| release | loads | against | golden corpus, non-streaming | streaming (golden chunks) |",
+             "|---|---|---|---|---|"]
+    for row, stream in zip(rows, streamed):
+        lines.append(f"| {row.spec} | {'yes' if row.loads else 'no'} | {row.against} | {row.verdict()} | "
+                     f"{stream.verdict() if row.loads else ''} |")
     return "\n".join(lines)
 
 
-def write_readme(rows: list[Row]) -> None:
+def write_readme(rows: list[Row], streamed: list[Row]) -> None:
     readme = PROJECT / "README.md"
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(text[:start] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
+    readme.write_text(text[:start] + "\n" + readme_table(rows, streamed) + "\n" + text[end:], encoding="utf-8")
 
 
 def bench(model: str, scenario: str, repeat: int) -> dict:
@@ -308,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and args.json != "-":
             Path(args.json).write_text(payload + "\n", encoding="utf-8")
         return 0
-    rows = []
+    rows: list[Row] = []
+    streamed: list[Row] = []
     for engine_name in args.engines.split(","):
         if args.releases == "ci":
             versions = CI_RELEASES[engine_name]
@@ -318,12 +333,16 @@ def main(argv: list[str] | None = None) -> int:
             versions = [r.version for r in fetch.list_releases(engine_name)]
         for version in versions:
             row = check_release(engine_name, version)
+            stream = check_release(engine_name, version, "st")
             rows.append(row)
-            print(f"{row.spec}: {row.verdict()} [{row.seconds:.1f} s]", file=sys.stderr, flush=True)
+            streamed.append(stream)
+            print(f"{row.spec}: {row.verdict()} | streaming: {stream.verdict()} [{row.seconds + stream.seconds:.1f} s]",
+                  file=sys.stderr, flush=True)
     if args.readme:
-        write_readme(rows)
+        write_readme(rows, streamed)
     if args.json:
-        payload = json.dumps([r.to_json() for r in rows], indent=1, ensure_ascii=False)
+        payload = json.dumps([{**r.to_json(), "streaming": s.to_json()} for r, s in zip(rows, streamed)], indent=1,
+                             ensure_ascii=False)
         if args.json == "-":
             print(payload)
         else:

@@ -53,6 +53,8 @@ def _init_from_url() -> None:
     for name in VERSIONS:
         if params.get(name) in VERSIONS[name]:
             st.session_state[f"ver:{name}"] = params[name]
+        if params.get(f"{name}_parsers"):
+            st.session_state[f"parsers:{name}"] = params[f"{name}_parsers"]
     if params.get("level") in ("token", "string"):
         st.session_state.level = params["level"]
     try:
@@ -67,7 +69,10 @@ def _init_from_url() -> None:
 
 
 def _engine_spec(name: str) -> str:
-    return f"{name}@{st.session_state.get(f'ver:{name}', VERSIONS[name][0])}" if name in VERSIONS else name
+    if name not in VERSIONS:
+        return name
+    pair = st.session_state.get(f"parsers:{name}", "").strip()  # "qwen3+hermes": the engine's own CLI names
+    return f"{name}@{st.session_state.get(f'ver:{name}', VERSIONS[name][0])}" + (f"/{pair}" if pair else "")
 
 
 def _apply_fix(fix: dict) -> None:
@@ -105,6 +110,8 @@ def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
              "next prompt appended to the previous token ids")
     for name, versions in VERSIONS.items():
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
+        sb.text_input(f"{name} parsers", key=f"parsers:{name}", placeholder="the model's own",
+                      help="reasoning+tool parser by the engine's CLI names, e.g. qwen3+hermes (- for none)")
     sb.radio("Level", ("token", "string"), key="level", horizontal=True)
     chosen_models = sb.multiselect("Models", models, default=models, key="models")
     chosen_scenarios = sb.multiselect("Scenarios", scenario_ids(), default=scenario_ids(), key="scenarios")
@@ -278,6 +285,8 @@ def _write_url() -> None:
     params: dict[str, str] = {"engine": st.session_state.engine_view, "level": st.session_state.level}
     for name in VERSIONS:
         params[name] = st.session_state.get(f"ver:{name}", VERSIONS[name][0])
+        if st.session_state.get(f"parsers:{name}", "").strip():
+            params[f"{name}_parsers"] = st.session_state[f"parsers:{name}"].strip()
     changed: dict[str, dict] = {}
     for model_id in st.session_state.get("models", []):
         for kwarg in load_spec(model_id).template_kwargs:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
-from engine.parsers.base import EngineEmulation, RequestPrep
+from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
 from engine.types import Edit, Location, ParseResult, ToolCall
 
@@ -280,14 +280,18 @@ def _pinned(engine: str) -> EngineEmulation:
 
 
 @functools.cache
-def _harmony_ids(text: str) -> tuple[int, ...]:
+def _harmony_encoding() -> Any:
     from engine.parsers.harmony_encoding import o200k_base_path
 
     o200k_base_path()
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
-    encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-    return tuple(encoding.encode(text, allowed_special="all"))
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _harmony_ids(text: str) -> tuple[int, ...]:
+    return tuple(_harmony_encoding().encode(text, allowed_special="all"))
 
 
 class RealEngine(EngineEmulation):
@@ -331,15 +335,15 @@ class RealEngine(EngineEmulation):
               chat_template_kwargs: dict | None = None, history_tool_calls: int = 0, tokenizer: Any = None,
               vocab: AddedVocab | None = None, prompt_tail: list[str] | None = None,
               force_reasoning: bool = True, trace: bool = False) -> ParseResult:
-        """What the release's serving code returns for `text` (non-streaming; `stream=True` is not driven yet and
-        raises NotImplementedError). `vocab` (or the model's `tokenizer`) supplies the added tokens."""
-        if stream:
-            raise NotImplementedError(f"{self.spec} (real code): streaming is not driven yet, only non-streaming")
+        """What the release's serving code returns for `text`; `stream=True` drives its streaming generator with
+        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`) supplies the added tokens."""
         self._check_names(reasoning_parser, tool_parser)
         vocab = vocab or (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) \
             or AddedVocab({}, frozenset())
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
-        job = {"op": "parse", "text": text, "chunks": chunks or vocab.chunks(text),
+        if stream and chunks is None:
+            chunks = default_chunks(text)
+        job = {"op": "parse", "text": text, "chunks": chunks or vocab.chunks(text), "stream": stream,
                "token_ids": list(_harmony_ids(text)) if harmony else None, "harmony": harmony,
                "reasoning_parser": reasoning_parser, "tool_parser": tool_parser, "tools": tools or None,
                "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,

@@ -68,3 +68,19 @@ def call_with(function: Any, known: dict[str, Any], *args: Any) -> Any:
         elif parameter.default is parameter.empty:
             kwargs[name] = Permissive(name)
     return function(*args, **kwargs)
+
+
+class HfConfig:
+    """A model's config.json as the serving code reads it: a model type, no architectures, every other key None."""
+
+    def __init__(self, model_type: str) -> None:
+        self.model_type = model_type
+        self.architectures = [model_type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+    def to_dict(self) -> dict:
+        return {"model_type": self.model_type}

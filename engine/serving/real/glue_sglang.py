@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine.serving.real.fakes import Permissive, call_with
+from engine.serving.real.fakes import HfConfig, Permissive, call_with
 
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
@@ -25,18 +25,38 @@ class _Result(dict):
         return None
 
 
-def _fake_runtime_context(module: Any) -> None:
-    for name, value in list(vars(module).items()):
-        if name.startswith("get_") and getattr(value, "__module__", "") == "sglang.srt.runtime_context":
-            setattr(module, name, lambda *args, _name=name, **kwargs: Permissive(_name))
+def _fake_runtime_context() -> None:
+    """0.5.2x reads process-wide config through runtime_context.get_*(), published by the launcher: each getter
+    answers a Permissive where nothing was published (in the module and wherever it was imported by name)."""
+    import sys
+
+    try:
+        context = importlib.import_module("sglang.srt.runtime_context")
+    except ModuleNotFoundError:
+        return
+    wrapped = {}
+    for name, value in list(vars(context).items()):
+        if name.startswith("get_") and callable(value) and getattr(value, "__module__", "") == context.__name__:
+            def getter(*args: Any, _real=value, _name=name, **kwargs: Any) -> Any:
+                try:
+                    return _real(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - not published in this process
+                    return Permissive(_name)
+
+            wrapped[value] = getter
+            setattr(context, name, getter)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("sglang.") and module is not None:
+            for name, value in list(vars(module).items()):
+                if callable(value) and value in wrapped:
+                    setattr(module, name, wrapped[value])
 
 
 class Glue:
     def __init__(self, version: str) -> None:
         self.version = version
         self.serving_module = importlib.import_module(SERVING_MODULE)
-        for module in (self.serving_module, importlib.import_module("sglang.srt.entrypoints.openai.serving_base")):
-            _fake_runtime_context(module)
+        _fake_runtime_context()
         self.protocol = importlib.import_module("sglang.srt.entrypoints.openai.protocol")
         self._servings: dict[tuple, Any] = {}
 
@@ -58,10 +78,11 @@ class Glue:
             config = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
             server_args = Permissive("server_args", **config, context_length=None, enable_custom_logit_processor=False,
                                      tokenizer_worker_num=1, served_model_name="m")
+            model_config = Permissive("model_config", get_default_sampling_params=lambda: {},
+                                      hf_config=HfConfig("generic"), hf_text_config=HfConfig("generic"))
             manager = Permissive("tokenizer_manager", server_args=server_args, tokenizer=tokenizer,
-                                 served_model_name="m",
-                                 config_value=lambda name, default=None: config.get(name, default),
-                                 model_config=Permissive("model_config", get_default_sampling_params=lambda: {}))
+                                 served_model_name="m", model_path="", model_config=model_config,
+                                 config_value=lambda name, default=None: config.get(name, default))
             template = Permissive("template_manager", force_reasoning=force_reasoning, chat_template_name=None,
                                   jinja_template_content_format="string")
             serving = call_with(self.serving_module.OpenAIServingChat,
@@ -71,7 +92,7 @@ class Glue:
         serving.tokenizer_manager.tokenizer = tokenizer
         return serving
 
-    def request(self, job: dict) -> Any:
+    def request(self, job: dict, stream: bool = False) -> Any:
         tools = job.get("tools") or None
         messages: list[dict] = [{"role": "user", "content": "hi"}]
         history = int(job.get("history_tool_calls") or 0)
@@ -82,10 +103,12 @@ class Glue:
                          *({"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls),
                          {"role": "user", "content": "hi"}]
         return self.protocol.ChatCompletionRequest(
-            messages=messages, model="m", tools=tools, tool_choice="auto" if tools else "none",
+            messages=messages, model="m", tools=tools, tool_choice="auto" if tools else "none", stream=stream,
             chat_template_kwargs=job.get("chat_template_kwargs") or None)
 
     def parse(self, job: dict, tokenizer: Any) -> dict:
+        if job.get("stream"):
+            return self.parse_stream(job, tokenizer)
         serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
                                bool(job.get("force_reasoning", True)), tokenizer)
         request = self.request(job)
@@ -102,3 +125,58 @@ class Glue:
                  for call in message.tool_calls or []]
         return {"reasoning": message.reasoning_content, "content": message.content, "tool_calls": calls,
                 "error": None}
+
+    def parse_stream(self, job: dict, tokenizer: Any) -> dict:
+        """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
+        far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
+        import asyncio
+        import json
+
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
+                               bool(job.get("force_reasoning", True)), tokenizer)
+        request = self.request(job, stream=True)
+        chunks = job["chunks"]
+        ids = [[i] for i in job["token_ids"]] if job.get("token_ids") is not None else \
+            [tokenizer.ids_for([chunk]) for chunk in chunks]
+
+        async def generate_request(*args: Any, **kwargs: Any):
+            text, output_ids = "", []
+            for position, (chunk, chunk_ids) in enumerate(zip(chunks, ids)):
+                text += chunk
+                output_ids = output_ids + chunk_ids
+                last = position == len(chunks) - 1
+                meta = _Result(id="chatcmpl-drift", prompt_tokens=1, completion_tokens=len(output_ids),
+                               cached_tokens=0, finish_reason={"type": "stop", "matched": None} if last else None,
+                               weight_version="default")
+                yield _Result(text=text, output_ids=list(output_ids), meta_info=meta, index=0)
+
+        object.__setattr__(serving.tokenizer_manager, "generate_request", generate_request)
+        stream = call_with(serving._generate_chat_stream, {"adapted_request": Permissive("adapted_request"),
+                                                             "request": request,
+                                                             "raw_request": Permissive("raw_request")})
+
+        async def events() -> list[str]:
+            return [event async for event in stream]
+
+        reasoning, content, calls = "", "", {}
+        for event in asyncio.run(events()):
+            for line in str(event).splitlines():
+                if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                    continue
+                payload = json.loads(line[len("data: "):])
+                if "error" in payload:
+                    error = payload["error"]
+                    return {"error": str(error.get("message", error) if isinstance(error, dict) else error)}
+                for choice in payload.get("choices", []):
+                    delta = choice.get("delta") or {}
+                    reasoning += delta.get("reasoning_content") or ""
+                    content += delta.get("content") or ""
+                    for call in delta.get("tool_calls") or []:
+                        entry = calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": ""})
+                        if call.get("id") and entry["id"] is None:
+                            entry["id"] = call["id"]
+                        function = call.get("function") or {}
+                        entry["name"] += function.get("name") or ""
+                        entry["arguments"] += function.get("arguments") or ""
+        return {"reasoning": reasoning or None, "content": content or None,
+                "tool_calls": [calls[i] for i in sorted(calls)], "error": None}

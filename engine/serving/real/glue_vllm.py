@@ -13,26 +13,15 @@ import importlib
 import inspect
 from typing import Any
 
-from engine.serving.real.fakes import Permissive, call_with
+from engine.serving.real.fakes import HfConfig, Permissive, call_with
 
 SERVING_MODULES = ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat")
 TOOL_MANAGERS = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
 REASONING_MANAGERS = ("vllm.reasoning",)
 
 
-class _HfConfig:
-    def __init__(self, model_type: str) -> None:
-        self.model_type = model_type
-        self.architectures = [model_type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
 def model_config(model_type: str) -> Permissive:
-    hf = _HfConfig(model_type)
+    hf = HfConfig(model_type)
     return Permissive("model_config", hf_config=hf, hf_text_config=hf, hf_overrides={}, model="m",
                       served_model_name="m", max_model_len=1 << 20, tokenizer="m", generation_config="vllm",
                       logits_processors=None, get_diff_sampling_param=lambda: {}, runner_type="generate",
@@ -92,10 +81,10 @@ class Glue:
             self._servings[key] = call_with(self.serving_module.OpenAIServingChat, known)
         return self._servings[key]
 
-    def request(self, job: dict) -> Any:
+    def request(self, job: dict, stream: bool = False) -> Any:
         tools = job.get("tools") or None
         return self.protocol.ChatCompletionRequest(
-            messages=[{"role": "user", "content": "hi"}], model="m", tools=tools,
+            messages=[{"role": "user", "content": "hi"}], model="m", tools=tools, stream=stream,
             tool_choice="auto" if tools else None, chat_template_kwargs=job.get("chat_template_kwargs") or None)
 
     def result(self, job: dict, token_ids: list[int], prompt_ids: list[int]) -> Any:
@@ -128,6 +117,8 @@ class Glue:
         return {}
 
     def parse(self, job: dict, tokenizer: Any) -> dict:
+        if job.get("stream"):
+            return self.parse_stream(job, tokenizer)
         serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"))
         request = self.request(job)
         token_ids = job["token_ids"] if job.get("token_ids") is not None else tokenizer.ids_for(job["chunks"])
@@ -155,3 +146,65 @@ class Glue:
         calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                  for call in message.tool_calls or []]
         return {"reasoning": reasoning, "content": message.content, "tool_calls": calls, "error": None}
+
+    def chunk_ids(self, job: dict, tokenizer: Any) -> list[list[int]]:
+        if job.get("token_ids") is not None:  # harmony: one real id per chunk, as the detokenizer streams them
+            return [[i] for i in job["token_ids"]]
+        return [tokenizer.ids_for([chunk]) for chunk in job["chunks"]]
+
+    def parse_stream(self, job: dict, tokenizer: Any) -> dict:
+        """The release's chat_completion_stream_generator fed one RequestOutput per chunk (delta text and ids, the
+        last one finished); the client's message is the accumulated deltas of the server-sent events."""
+        import json
+
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"))
+        request = self.request(job, stream=True)
+        prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in job.get("prompt_tail") or []] or [1]
+        chunks, ids = job["chunks"], self.chunk_ids(job, tokenizer)
+
+        async def results():
+            for position, (chunk, chunk_ids) in enumerate(zip(chunks, ids)):
+                last = position == len(chunks) - 1
+                known = {"index": 0, "text": chunk, "token_ids": chunk_ids, "cumulative_logprob": None,
+                         "logprobs": None, "finish_reason": "stop" if last else None, "stop_reason": None}
+                output = call_with(self.outputs.CompletionOutput, known)
+                known = {"request_id": "chatcmpl-drift", "prompt": None, "prompt_token_ids": prompt_ids,
+                         "prompt_logprobs": None, "outputs": [output], "finished": last}
+                yield call_with(self.outputs.RequestOutput, known)
+
+        metadata_cls = getattr(self.serving_module, "RequestResponseMetadata", None) or \
+            self.protocol.RequestResponseMetadata
+        generator = serving.chat_completion_stream_generator
+        known: dict[str, Any] = {"request": request, "result_generator": results(), "request_id": "chatcmpl-drift",
+                                 "model_name": "m", "conversation": [], "tokenizer": tokenizer,
+                                 "request_metadata": metadata_cls(request_id="chatcmpl-drift"),
+                                 "chat_template_kwargs": job.get("chat_template_kwargs") or {}}
+        known.update(self.request_parsers(serving, generator, request, tokenizer, job))
+
+        async def events() -> list[str]:
+            return [event async for event in call_with(generator, known)]
+
+        reasoning, content, calls = None, None, {}
+        for event in asyncio.run(events()):
+            for line in event.splitlines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                payload = json.loads(line[len("data: "):])
+                if "error" in payload:
+                    return {"error": str(payload["error"].get("message", payload["error"]))}
+                for choice in payload.get("choices", []):
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("reasoning") or delta.get("reasoning_content")
+                    if piece:
+                        reasoning = (reasoning or "") + piece
+                    if delta.get("content"):
+                        content = (content or "") + delta["content"]
+                    for call in delta.get("tool_calls") or []:
+                        entry = calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": ""})
+                        if call.get("id") and entry["id"] is None:
+                            entry["id"] = call["id"]
+                        function = call.get("function") or {}
+                        entry["name"] += function.get("name") or ""
+                        entry["arguments"] += function.get("arguments") or ""
+        return {"reasoning": reasoning, "content": content, "tool_calls": [calls[i] for i in sorted(calls)],
+                "error": None}
