@@ -288,14 +288,14 @@ def cmd_parse(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError) as err:
         raise ExplorerError(f"cannot read parse input: {err}") from err
     try:
-        extra = {}
-        if getattr(emulation, "reads_tokenizer", False):  # the real-engine backend: the model's added tokens
+        tokenizer = None
+        if emulation.reads_tokenizer:  # the real-engine backend: the model's added tokens reach the parsers
             from engine.models import load_model
 
-            extra["tokenizer"] = load_model(args.model).tokenizer
+            tokenizer = load_model(args.model).tokenizer
         result = emulation.parse(text, reasoning_parser=args.reasoning_parser or names.get("reasoning_parser"),
                                  tool_parser=args.tool_call_parser or names.get("tool_call_parser"), tools=tools,
-                                 stream=args.stream, **extra)
+                                 stream=args.stream, tokenizer=tokenizer)
     except ValueError as err:
         raise ExplorerError(str(err)) from err
     data = result.to_json()

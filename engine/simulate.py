@@ -312,10 +312,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
                                          reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
                                          tools=scenario.tools, chat_template_kwargs=kwargs,
-                                         history_tool_calls=calls_so_far,
-                                         # the real-engine backend hands the model's added tokens to the parsers
-                                         **({"tokenizer": model.tokenizer}
-                                            if getattr(emulation, "reads_tokenizer", False) else {}))
+                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             except (ValueError, NotImplementedError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:

@@ -167,3 +167,14 @@ def test_emulations_cite_lines_the_release_executes(spec):
     import real_engines
 
     assert set(real_engines.stale_citations(spec)) == STALE_CITATIONS[spec]
+
+
+def test_timeline_command_prints_every_release_and_marks_the_change(capsys):
+    need("sglang@0.5.12", "sglang@0.5.12.post1", "sglang@0.5.13")
+    from engine.cli import main
+
+    assert main(["timeline", "--model", "qwen3.6", "--scenario", "tool-call", "--engine", "sglang",
+                 "--from", "0.5.12", "--to", "0.5.13", "--json", "-"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [(r["release"], r["status"], r["changed"]) for r in payload["releases"]] == [
+        ("sglang@0.5.12", "holds", False), ("sglang@0.5.12.post1", "holds", False), ("sglang@0.5.13", "holds", True)]

@@ -30,12 +30,13 @@ def list_engines() -> list[str]:
 
 def engine_versions(name: str) -> list[str]:
     """The versions a user can pick for `name`: the pinned (emulated) ones first, newest first, then every other
-    release on PyPI, newest first, from the cached release index (PyPI is asked only when there is none)."""
+    release on PyPI, newest first, from the cached release index (PyPI is asked, for 5 s at most, only when there is
+    none; without network the pinned ones are all)."""
     from engine.serving.real import fetch
 
     pinned = sorted((s.split("@")[1] for s in _ENGINES if s.startswith(name + "@")), key=fetch.Version, reverse=True)
     try:
-        listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name)
+        listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name, timeout_s=5)
     except fetch.FetchError:
         listed = []
     return pinned + [r.version for r in reversed(listed) if r.version not in pinned]
@@ -59,9 +60,11 @@ def get_engine(spec: str) -> EngineEmulation:
     real = key.removeprefix("real:")
     name, _, version = real.partition("@")
     if name in _NEWEST and version:
-        from engine.serving.real.backend import RealEngine, is_release
+        from engine.serving.real.backend import RealEngine, release_problem
 
-        if is_release(name, version):
+        problem = release_problem(name, version)
+        if problem is None:
             return RealEngine(name, version)
+        raise ValueError(f"unknown engine {spec!r}: {problem}")
     raise ValueError(f"unknown engine {spec!r}; known: {', '.join([*_ENGINES, *_NEWEST])}, or any vllm@X / sglang@X "
                      "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")

@@ -223,16 +223,16 @@ class AddedVocab:
         return pieces or [""]
 
 
-def is_release(engine: str, version: str) -> bool:
-    """Whether engine@version is a release the backend serves: in the cache, or listed by PyPI (the cached index
-    first; the network only when the index is missing or does not know the version)."""
+def release_problem(engine: str, version: str) -> str | None:
+    """None when engine@version is a release the backend serves (in the cache, or listed by PyPI: the cached index
+    first, the network only when the index is missing or does not know the version); else the sentence why not."""
     if fetch.cached_sources(f"{engine}@{version}") is not None:
-        return True
+        return None
     try:
         fetch.release(engine, version)
-    except fetch.FetchError:
-        return False
-    return True
+    except fetch.FetchError as err:
+        return str(err)
+    return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -299,7 +299,7 @@ class RealEngine(EngineEmulation):
 
     families: dict = {}
     last_trace: dict | None = None  # the tracer's report of the last parse(trace=True): executed lines, edits
-    reads_tokenizer = True  # the simulator passes the model's tokenizer (its added tokens reach the parsers)
+    reads_tokenizer = True  # callers hand it the model's tokenizer: its added tokens reach the parsers
 
     def __init__(self, engine: str, version: str, *, offline: bool = False) -> None:
         self.name, self.version, self.offline = engine, version, offline

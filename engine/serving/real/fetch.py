@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -82,11 +81,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DRIFT_ENGINE_CACHE") or Path.home() / ".cache" / "drift-explorer" / "engines")
 
 
-def _session():
+def _session(retries: int = 2):
     # pip's own session: the same proxy, certificate and retry settings pip uses for the index.
     from pip._internal.network.session import PipSession
 
-    return PipSession(retries=2)
+    return PipSession(retries=retries)
 
 
 def _version_key(version: str) -> Version:
@@ -101,8 +100,9 @@ def _pick_wheel(files: list[dict]) -> dict | None:
     return min(wheels, key=lambda f: ("none-any" not in f["filename"], "x86_64" not in f["filename"], f["size"]))
 
 
-def _index_from_pypi(engine: str) -> list[dict]:
-    response = _session().get(f"https://pypi.org/pypi/{engine}/json", timeout=30)
+def _index_from_pypi(engine: str, timeout_s: float) -> list[dict]:
+    response = _session(retries=2 if timeout_s >= 10 else 0).get(f"https://pypi.org/pypi/{engine}/json",
+                                                                 timeout=timeout_s)
     response.raise_for_status()
     releases = []
     for version, files in response.json()["releases"].items():
@@ -121,7 +121,8 @@ def _index_from_pypi(engine: str) -> list[dict]:
     return releases
 
 
-def list_releases(engine: str, *, refresh: bool = False, offline: bool = False) -> list[Release]:
+def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
+                  timeout_s: float = 30.0) -> list[Release]:
     """Every release of `engine` from its first served one, oldest first, from PyPI's JSON API (cached a day).
 
     `offline=True` answers from the cached index only (an empty list when there is none)."""
@@ -136,10 +137,11 @@ def list_releases(engine: str, *, refresh: bool = False, offline: bool = False) 
             rows = cached["releases"]
     if rows is None and not offline:
         try:
-            rows = _index_from_pypi(engine)
+            rows = _index_from_pypi(engine, timeout_s)
         except Exception as err:  # noqa: BLE001 - any network failure: fall back to the cached list
             if not path.exists():
-                raise FetchError(f"cannot list {engine} releases from PyPI: {err}") from err
+                raise FetchError(f"cannot list {engine} releases: PyPI did not answer ({type(err).__name__}) and no "
+                                 f"release index is cached in {cache_dir()}") from err
             rows = json.loads(path.read_text())["releases"]
         else:
             _write_atomic(path, json.dumps({"fetched_at": time.time(), "releases": rows}, indent=1).encode())
@@ -396,16 +398,6 @@ def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Source
 def network_available(timeout_s: float = 3.0) -> bool:
     """Whether PyPI answers (tests skip rather than fail without it)."""
     try:
-        return _session().head("https://pypi.org/simple/", timeout=timeout_s).status_code < 500
+        return _session(retries=0).head("https://pypi.org/simple/", timeout=timeout_s).status_code < 500
     except Exception:  # noqa: BLE001
         return False
-
-
-_SPEC = re.compile(r"^(vllm|sglang)@(\S+)$")
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    match = _SPEC.match(spec)
-    if not match:
-        raise FetchError(f"{spec!r} is not engine@version (vllm@0.31.0, sglang@0.5.15)")
-    return match.group(1), match.group(2)

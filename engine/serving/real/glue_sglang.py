@@ -75,6 +75,9 @@ class Glue:
                 tokenizer: Any) -> Any:
         key = (reasoning_parser, tool_parser, force_reasoning)
         if key not in self._servings:
+            # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
+            # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
+            self._servings.clear()
             config = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
             server_args = Permissive("server_args", **config, context_length=None, enable_custom_logit_processor=False,
                                      tokenizer_worker_num=1, served_model_name="m")

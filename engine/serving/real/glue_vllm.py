@@ -68,6 +68,9 @@ class Glue:
     def serving(self, reasoning_parser: str | None, tool_parser: str | None, model_type: str) -> Any:
         key = (reasoning_parser, tool_parser, model_type)
         if key not in self._servings:
+            # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
+            # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
+            self._servings.clear()
             config = model_config(model_type)
             client = Permissive("engine_client", model_config=config, errored=False, is_running=True,
                                vllm_config=Permissive("vllm_config", model_config=config))

@@ -33,7 +33,7 @@ HEAVY_ROOTS = frozenset({
     "diskcache", "filelock", "watchfiles", "depyf", "blake3", "cbor2", "pybase64", "openai", "jinja2", "pandas",
     "tabulate", "lark", "model_hosting_container_standards", "msgpack", "python_multipart", "multipart", "numba",
     "cupy", "deep_gemm", "deep_ep", "nixl", "lmcache", "mooncake", "quack", "cuda", "nvidia", "apache_tvm_ffi",
-    "tvm_ffi", "pynvml", "torch_memory_saver", "dill", "yaml", "numpy", "partial_json_parser_stub_never",
+    "tvm_ffi", "pynvml", "torch_memory_saver", "dill", "yaml", "numpy",
 })
 # Never stubbed, even when missing: their absence is how the engines learn what hardware there is.
 HARDWARE_PROBES = frozenset({
