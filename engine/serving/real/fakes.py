@@ -84,3 +84,32 @@ class HfConfig:
 
     def to_dict(self) -> dict:
         return {"model_type": self.model_type}
+
+
+def streamed_message(events: list[str]) -> dict:
+    """The message a client assembles from a chat-completion stream's server-sent events: reasoning and content
+    deltas concatenated (None when none came), tool-call deltas merged by index, or the stream's error."""
+    import json
+
+    reasoning, content, calls = "", "", {}
+    for event in events:
+        for line in str(event).splitlines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            payload = json.loads(line[len("data: "):])
+            if "error" in payload:
+                error = payload["error"]
+                return {"error": str(error.get("message", error) if isinstance(error, dict) else error)}
+            for choice in payload.get("choices", []):
+                delta = choice.get("delta") or {}
+                reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
+                content += delta.get("content") or ""
+                for call in delta.get("tool_calls") or []:
+                    entry = calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": ""})
+                    if call.get("id") and entry["id"] is None:
+                        entry["id"] = call["id"]
+                    function = call.get("function") or {}
+                    entry["name"] += function.get("name") or ""
+                    entry["arguments"] += function.get("arguments") or ""
+    return {"reasoning": reasoning or None, "content": content or None,
+            "tool_calls": [calls[i] for i in sorted(calls)], "error": None}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
 
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
@@ -133,7 +133,6 @@ class Glue:
         """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
         far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
         import asyncio
-        import json
 
         serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
                                bool(job.get("force_reasoning", True)), tokenizer)
@@ -161,25 +160,4 @@ class Glue:
         async def events() -> list[str]:
             return [event async for event in stream]
 
-        reasoning, content, calls = "", "", {}
-        for event in asyncio.run(events()):
-            for line in str(event).splitlines():
-                if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-                    continue
-                payload = json.loads(line[len("data: "):])
-                if "error" in payload:
-                    error = payload["error"]
-                    return {"error": str(error.get("message", error) if isinstance(error, dict) else error)}
-                for choice in payload.get("choices", []):
-                    delta = choice.get("delta") or {}
-                    reasoning += delta.get("reasoning_content") or ""
-                    content += delta.get("content") or ""
-                    for call in delta.get("tool_calls") or []:
-                        entry = calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": ""})
-                        if call.get("id") and entry["id"] is None:
-                            entry["id"] = call["id"]
-                        function = call.get("function") or {}
-                        entry["name"] += function.get("name") or ""
-                        entry["arguments"] += function.get("arguments") or ""
-        return {"reasoning": reasoning or None, "content": content or None,
-                "tool_calls": [calls[i] for i in sorted(calls)], "error": None}
+        return streamed_message(asyncio.run(events()))

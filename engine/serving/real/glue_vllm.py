@@ -13,7 +13,7 @@ import importlib
 import inspect
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
 
 SERVING_MODULES = ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat")
 TOOL_MANAGERS = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
@@ -158,8 +158,6 @@ class Glue:
     def parse_stream(self, job: dict, tokenizer: Any) -> dict:
         """The release's chat_completion_stream_generator fed one RequestOutput per chunk (delta text and ids, the
         last one finished); the client's message is the accumulated deltas of the server-sent events."""
-        import json
-
         serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"))
         request = self.request(job, stream=True)
         prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in job.get("prompt_tail") or []] or [1]
@@ -187,27 +185,4 @@ class Glue:
         async def events() -> list[str]:
             return [event async for event in call_with(generator, known)]
 
-        reasoning, content, calls = None, None, {}
-        for event in asyncio.run(events()):
-            for line in event.splitlines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                payload = json.loads(line[len("data: "):])
-                if "error" in payload:
-                    return {"error": str(payload["error"].get("message", payload["error"]))}
-                for choice in payload.get("choices", []):
-                    delta = choice.get("delta") or {}
-                    piece = delta.get("reasoning") or delta.get("reasoning_content")
-                    if piece:
-                        reasoning = (reasoning or "") + piece
-                    if delta.get("content"):
-                        content = (content or "") + delta["content"]
-                    for call in delta.get("tool_calls") or []:
-                        entry = calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": ""})
-                        if call.get("id") and entry["id"] is None:
-                            entry["id"] = call["id"]
-                        function = call.get("function") or {}
-                        entry["name"] += function.get("name") or ""
-                        entry["arguments"] += function.get("arguments") or ""
-        return {"reasoning": reasoning, "content": content, "tool_calls": [calls[i] for i in sorted(calls)],
-                "error": None}
+        return streamed_message(asyncio.run(events()))
