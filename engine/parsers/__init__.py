@@ -9,6 +9,8 @@ A parser pair other than the model's own is named after the release by the engin
 
 from __future__ import annotations
 
+import functools
+
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
@@ -28,10 +30,11 @@ def list_engines() -> list[str]:
     return list(_ENGINES)
 
 
-def engine_versions(name: str) -> list[str]:
+@functools.lru_cache(maxsize=4)
+def engine_versions(name: str) -> tuple[str, ...]:
     """The versions a user can pick for `name`: the pinned (emulated) ones first, newest first, then every other
     release on PyPI, newest first, from the cached release index (PyPI is asked, for 5 s at most, only when there is
-    none; without network the pinned ones are all)."""
+    none; without network the pinned ones are all). Answered once per process."""
     from engine.serving.real import fetch
 
     pinned = sorted((s.split("@")[1] for s in _ENGINES if s.startswith(name + "@")), key=fetch.Version, reverse=True)
@@ -39,7 +42,7 @@ def engine_versions(name: str) -> list[str]:
         listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name, timeout_s=5)
     except fetch.FetchError:
         listed = []
-    return pinned + [r.version for r in reversed(listed) if r.version not in pinned]
+    return tuple(pinned + [r.version for r in reversed(listed) if r.version not in pinned])
 
 
 def get_engine(spec: str) -> EngineEmulation:
