@@ -325,16 +325,21 @@ def cmd_parse(args: argparse.Namespace) -> int:
 
     emulation = get_engine(args.engine)
     spec = load_spec(args.model)
-    names = spec.engine_parsers.get(emulation.name, {})
+    names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
     try:
         text = Path(args.text).read_bytes().decode("utf-8", errors="replace")
         tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
     except (OSError, json.JSONDecodeError) as err:
         raise ExplorerError(f"cannot read parse input: {err}") from err
     try:
+        tokenizer = None
+        if emulation.reads_tokenizer:  # the real-engine backend: the model's added tokens reach the parsers
+            from engine.models import load_model
+
+            tokenizer = load_model(args.model).tokenizer
         result = emulation.parse(text, reasoning_parser=args.reasoning_parser or names.get("reasoning_parser"),
                                  tool_parser=args.tool_call_parser or names.get("tool_call_parser"), tools=tools,
-                                 stream=args.stream)
+                                 stream=args.stream, tokenizer=tokenizer)
     except ValueError as err:
         raise ExplorerError(str(err)) from err
     data = result.to_json()
@@ -347,6 +352,27 @@ def cmd_parse(args: argparse.Namespace) -> int:
     for edit in result.edits:
         print(f"edit {edit.step} at {edit.location.origin} {edit.location}: {edit.before[:60]!r} -> "
               f"{edit.after[:60]!r} ({edit.description})")
+    return 0
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from engine.timeline import timeline
+
+    try:
+        rows = timeline(args.model, args.scenario, args.engine, first=args.from_version, last=args.to_version,
+                        bisect=args.bisect)
+    except ValueError as err:
+        raise ExplorerError(str(err)) from err
+    if args.json:
+        _write_json({"model": args.model, "scenario": args.scenario, "engine": args.engine,
+                     "releases": [r.to_json() for r in rows]}, args.json)
+        return 0
+    for row in rows:
+        cause = row.cause or {}
+        where = f"{cause.get('stage')} {cause.get('location')} ({cause.get('kind')})" if row.cause else ""
+        first = f"breaks at request {row.first_break}" if row.first_break else ""
+        print(f"{'*' if row.changed else ' '} {row.release:<16} {row.status:<11} {first:<20} {where}"
+              f"{'  ' + row.note if row.note and row.status in ('error', 'unavailable') else ''}")
     return 0
 
 
@@ -496,6 +522,16 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--stream", action="store_true")
     parse.add_argument("--json", metavar="PATH|-")
     parse.set_defaults(func=cmd_parse)
+
+    timeline_cmd = sub.add_parser("timeline", help="one cell on every engine release, from each release's own code")
+    timeline_cmd.add_argument("--model", required=True)
+    timeline_cmd.add_argument("--scenario", required=True)
+    timeline_cmd.add_argument("--engine", required=True, choices=("vllm", "sglang"))
+    timeline_cmd.add_argument("--from", dest="from_version", metavar="V")
+    timeline_cmd.add_argument("--to", dest="to_version", metavar="V")
+    timeline_cmd.add_argument("--bisect", action="store_true", help="only the releases a binary search needs")
+    timeline_cmd.add_argument("--json", metavar="PATH|-")
+    timeline_cmd.set_defaults(func=cmd_timeline)
 
     bench = sub.add_parser("bench", help="cold start, full matrix, tokenization floor, naive baseline, memory")
     bench.add_argument("--repeat", type=int, default=3, help="runs of the matrix / floor passes; the best counts")

@@ -792,7 +792,8 @@ class _EngineSide:
                 raise ExplorerError(f"unknown engine {engine!r} for a session{hint}; known: {known}") from None
             self.name, self.version = self.emulation.name, self.emulation.version
         self.origin = self.emulation.origin if self.emulation else "the raw split"
-        self.parsers = model.spec.engine_parsers.get(self.name, {})
+        self.parsers = (self.emulation.parser_override if self.emulation else None) or \
+            model.spec.engine_parsers.get(self.name, {})
         self.fmt = get_format(model.spec.family)
         self.stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
         self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
@@ -888,7 +889,7 @@ class _EngineSide:
             text = self.emulation.output_text(completion.text, completion.stop_token, tool_parser)
             parsed = self.emulation.parse(text, reasoning_parser=self.parsers.get("reasoning_parser"),
                                           tool_parser=tool_parser, tools=tools, chat_template_kwargs=self.kwargs,
-                                          history_tool_calls=self.calls_so_far)
+                                          history_tool_calls=self.calls_so_far, tokenizer=self.model.tokenizer)
         except NotImplementedError as err:
             raise ExplorerError(f"model {self.model.id}: {self.origin} cannot parse its output yet ({err}), so "
                                 f"session {self.script.id} cannot run through it") from None

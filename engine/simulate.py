@@ -259,7 +259,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         from engine.parsers import get_engine
 
         emulation = get_engine(engine)
-        parsers = model.spec.engine_parsers.get(emulation.name, {})
+        parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -322,7 +322,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
                                          reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
                                          tools=scenario.tools, chat_template_kwargs=kwargs,
-                                         history_tool_calls=calls_so_far)
+                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             except (ValueError, NotImplementedError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:

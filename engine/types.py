@@ -59,6 +59,8 @@ class ParseResult:
     edits: tuple[Edit, ...] = ()
     # Set when the real engine fails the request instead of returning a message.
     error: str | None = None
+    # Real-engine backend only: stubbed names (heavy dependencies left out) that this parse touched.
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -81,6 +83,7 @@ class ParseResult:
                 for e in self.edits
             ],
             "error": self.error,
+            **({"warnings": list(self.warnings)} if self.warnings else {}),
         }
 
 

@@ -14,7 +14,7 @@ import streamlit as st
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
-from engine.parsers import list_engines
+from engine.parsers import engine_versions
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.simulate import CellResult, run_cell, run_cell_with
@@ -39,7 +39,8 @@ ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", SIDE_BY_SIDE)
 # Streamlit's wide layout keeps 5rem on each side and a 300 px sidebar: narrower, the matrix has room at 1280 px.
 PAGE_CSS = ("<style>.block-container{padding-left:1.25rem;padding-right:1.25rem}"
             "section[data-testid='stSidebar']{width:250px !important;min-width:250px !important}</style>")
-VERSIONS = {name: [s.split("@")[1] for s in list_engines() if s.startswith(name + "@")] for name in ("vllm", "sglang")}
+# Every release: the pinned ones (emulated) first, then the others (run from their own code).
+VERSIONS = {name: engine_versions(name) for name in ("vllm", "sglang")}
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def _init_from_url() -> None:
     for name in VERSIONS:
         if params.get(name) in VERSIONS[name]:
             st.session_state[f"ver:{name}"] = params[name]
+        if params.get(f"{name}_parsers"):
+            st.session_state[f"parsers:{name}"] = params[f"{name}_parsers"]
     if params.get("level") in ("token", "string"):
         st.session_state.level = params["level"]
     for problem in _kwargs_from_link(params.get("kwargs", "{}")):
@@ -134,7 +137,10 @@ def _link_cell_problem(selected: dict) -> str | None:
 
 
 def _engine_spec(name: str) -> str:
-    return f"{name}@{st.session_state.get(f'ver:{name}', VERSIONS[name][0])}" if name in VERSIONS else name
+    if name not in VERSIONS:
+        return name
+    pair = st.session_state.get(f"parsers:{name}", "").strip()  # "qwen3+hermes": the engine's own CLI names
+    return f"{name}@{st.session_state.get(f'ver:{name}', VERSIONS[name][0])}" + (f"/{pair}" if pair else "")
 
 
 def _apply_fix(fix: dict) -> None:
@@ -172,6 +178,8 @@ def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
              "next prompt appended to the previous token ids; vLLM | SGLang: a row for each, ≠ where they differ")
     for name, versions in VERSIONS.items():
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
+        sb.text_input(f"{name} parsers", key=f"parsers:{name}", placeholder="the model's own",
+                      help="reasoning+tool parser by the engine's CLI names, e.g. qwen3+hermes (- for none)")
     sb.radio("Level", ("token", "string"), key="level", horizontal=True)
     # The kwargs come before the long model and scenario pickers, so that they stay in view.
     sb.markdown("**Template kwargs**")
@@ -396,6 +404,8 @@ def _write_url() -> None:
     params: dict[str, str] = {"engine": st.session_state.engine_view, "level": st.session_state.level}
     for name in VERSIONS:
         params[name] = st.session_state.get(f"ver:{name}", VERSIONS[name][0])
+        if st.session_state.get(f"parsers:{name}", "").strip():
+            params[f"{name}_parsers"] = st.session_state[f"parsers:{name}"].strip()
     changed: dict[str, dict] = {}
     for model_id in st.session_state.get("models", []):
         for kwarg in load_spec(model_id).template_kwargs:

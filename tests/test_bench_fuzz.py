@@ -107,7 +107,8 @@ def test_unavailable_conversations_are_counted_and_named_not_crashed() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["fuzz", "--model", "qwen3.6", "--engine", "nope", "--n", "2"],
-     "error: fuzz: unknown engine 'nope'; known: vllm@0.33.0, sglang@0.5.23, sglang@0.5.12, vllm, sglang\n"),
+     "error: fuzz: unknown engine 'nope'; known: vllm@0.33.0, sglang@0.5.23, sglang@0.5.12, vllm, sglang, or any "
+     "vllm@X / sglang@X release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)\n"),
     (["fuzz", "--model", "qwen9", "--engine", "raw", "--n", "2"], "error: unknown model 'qwen9'"),
     (["fuzz", "--model", "qwen3.6", "--engine", "raw", "--n", "0"], "error: fuzz: --n must be at least 1, got 0\n"),
     (["bench", "--repeat", "0"], "error: bench: --repeat must be at least 1, got 0\n"),

@@ -33,7 +33,7 @@ ROWS = [
     ('qwen3.6', 'args-serialization', 'raw', 'holds', None),
     ('qwen3.6', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
     ('qwen3.6', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:229'),
-    ('qwen3.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:229'),
+    ('qwen3.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:223'),
     ('glm-5.1', 'reasoning-whitespace', 'raw', 'holds', None),
     ('glm-5.1', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:585-588'),
     ('glm-5.1', 'reasoning-whitespace', 'sglang@0.5.23', 'holds', None),

@@ -86,6 +86,9 @@ class EngineEmulation(ABC):
     reasoning_parsers: dict[str, str]  # CLI name -> family
     tool_parsers: dict[str, str]
     families: dict[str, type[FamilyParser]]  # family -> its parser module's class
+    # A parser pair chosen by the user ("vllm@0.31.0/qwen3+hermes") instead of the model's own; None: the model's.
+    parser_override: dict[str, str | None] | None = None
+    reads_tokenizer = False  # True for the real-engine backend: loading the model's tokenizer is worth it
 
     @property
     def origin(self) -> str:
@@ -122,7 +125,10 @@ class EngineEmulation(ABC):
         chunks: list[str] | None = None,
         chat_template_kwargs: dict | None = None,
         history_tool_calls: int = 0,
+        tokenizer: Any = None,
     ) -> ParseResult:
+        """`tokenizer`: the model's real tokenizer, which the real-engine backend hands to the release's parsers (the
+        emulations know their tokens and ignore it)."""
         self._check_names(reasoning_parser, tool_parser)
         log = EditLog(self.origin)
         if reasoning_parser is None and tool_parser is None:

@@ -30,6 +30,8 @@ class SglangQwen3Parser(FamilyParser):
     strips_text = False  # up to 0.5.12 the reasoning parser stripped; see sglang_0_5_12
     tool_call_ends_reasoning = True  # tool_call_parser_active: <tool_call> implicitly ends reasoning
     unparsed_markup_kept = False  # 0.5.12 returned the whole text when no call parsed
+    # qwen3_coder_detector.py lines of this release: the parameter newline trim, json.dumps, the content cut
+    coder_lines = {"trim": (215, 219), "dump": 229, "content": 238}
 
     # ---- reasoning
     def split_reasoning(self, text: str, stream: bool, tools_active: bool, log: EditLog) -> tuple[str | None, str]:
@@ -115,8 +117,7 @@ class SglangQwen3Parser(FamilyParser):
                         raw,
                         trimmed,
                         CODER,
-                        215,
-                        219,
+                        *self.coder_lines["trim"],
                         f"{name}.{key}: one leading and one trailing newline removed",
                     )
                     values[key] = self.convert(trimmed, key, properties)
@@ -126,8 +127,8 @@ class SglangQwen3Parser(FamilyParser):
                     params,
                     arguments,
                     CODER,
-                    229,
-                    229,
+                    self.coder_lines["dump"],
+                    self.coder_lines["dump"],
                     f"{name}: values converted by schema (118-176) and json.dumps(ensure_ascii=False)",
                 )
                 calls.append(ToolCall(RANDOM_ID, name, arguments))
@@ -157,8 +158,8 @@ class SglangQwen3Parser(FamilyParser):
             rest,
             before,
             CODER,
-            238,
-            238,
+            self.coder_lines["content"],
+            self.coder_lines["content"],
             "content is the text before the first <tool_call>; the rest is dropped",
         )
         return self.finish(reasoning, before, tuple(calls), stream)

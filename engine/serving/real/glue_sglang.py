@@ -1,0 +1,163 @@
+"""Drives an SGLang release's own chat serving code inside the worker (never in the explorer's process).
+
+The release's `OpenAIServingChat` is built through its real constructor with a fake tokenizer manager (whose
+server arguments name the parsers) and template manager, and its `_build_chat_response` turns one generation result
+into the client's message: the reasoning parser, the tool-call parser, `null` vs `""` for an empty answer and the
+call ids are that release's code. The process-wide runtime context (0.5.2x's `get_serving()` …) is a Permissive.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
+
+SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
+FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
+REASONING_MODULES = ("sglang.srt.parser.reasoning_parser", "sglang.srt.reasoning_parser")
+
+
+class _Result(dict):
+    """A generation result's dict: keys the release reads that a CPU run does not produce are None."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _fake_runtime_context() -> None:
+    """0.5.2x reads process-wide config through runtime_context.get_*(), published by the launcher: each getter
+    answers a Permissive where nothing was published (in the module and wherever it was imported by name)."""
+    import sys
+
+    try:
+        context = importlib.import_module("sglang.srt.runtime_context")
+    except ModuleNotFoundError:
+        return
+    wrapped = {}
+    for name, value in list(vars(context).items()):
+        if name.startswith("get_") and callable(value) and getattr(value, "__module__", "") == context.__name__:
+            def getter(*args: Any, _real=value, _name=name, **kwargs: Any) -> Any:
+                try:
+                    return _real(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - not published in this process
+                    return Permissive(_name)
+
+            wrapped[value] = getter
+            setattr(context, name, getter)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("sglang.") and module is not None:
+            for name, value in list(vars(module).items()):
+                if callable(value) and value in wrapped:
+                    setattr(module, name, wrapped[value])
+
+
+class Glue:
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.serving_module = importlib.import_module(SERVING_MODULE)
+        _fake_runtime_context()
+        self.protocol = importlib.import_module("sglang.srt.entrypoints.openai.protocol")
+        self._servings: dict[tuple, Any] = {}
+
+    def parsers(self) -> dict:
+        tools = importlib.import_module(FUNCTION_CALL_MODULE).FunctionCallParser.ToolCallParserEnum
+        reasoning = None
+        for name in REASONING_MODULES:
+            try:
+                reasoning = importlib.import_module(name).ReasoningParser.DetectorMap
+                break
+            except ModuleNotFoundError:
+                continue
+        return {"tool_parsers": sorted(tools), "reasoning_parsers": sorted(reasoning or {})}
+
+    def serving(self, reasoning_parser: str | None, tool_parser: str | None, force_reasoning: bool,
+                tokenizer: Any) -> Any:
+        key = (reasoning_parser, tool_parser, force_reasoning)
+        if key not in self._servings:
+            # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
+            # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
+            self._servings.clear()
+            config = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
+            server_args = Permissive("server_args", **config, context_length=None, enable_custom_logit_processor=False,
+                                     tokenizer_worker_num=1, served_model_name="m")
+            model_config = Permissive("model_config", get_default_sampling_params=lambda: {},
+                                      hf_config=HfConfig("generic"), hf_text_config=HfConfig("generic"))
+            manager = Permissive("tokenizer_manager", server_args=server_args, tokenizer=tokenizer,
+                                 served_model_name="m", model_path="", model_config=model_config,
+                                 config_value=lambda name, default=None: config.get(name, default))
+            template = Permissive("template_manager", force_reasoning=force_reasoning, chat_template_name=None,
+                                  jinja_template_content_format="string")
+            serving = call_with(self.serving_module.OpenAIServingChat,
+                                {"tokenizer_manager": manager, "template_manager": template})
+            self._servings[key] = serving
+        serving = self._servings[key]
+        serving.tokenizer_manager.tokenizer = tokenizer
+        return serving
+
+    def request(self, job: dict, stream: bool = False) -> Any:
+        tools = job.get("tools") or None
+        messages: list[dict] = [{"role": "user", "content": "hi"}]
+        history = int(job.get("history_tool_calls") or 0)
+        if history:  # SGLang numbers Kimi call ids after the calls already in the conversation
+            calls = [{"id": f"functions.f:{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                     for i in range(history)]
+            messages += [{"role": "assistant", "content": "", "tool_calls": calls},
+                         *({"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls),
+                         {"role": "user", "content": "hi"}]
+        return self.protocol.ChatCompletionRequest(
+            messages=messages, model="m", tools=tools, tool_choice="auto" if tools else "none", stream=stream,
+            chat_template_kwargs=job.get("chat_template_kwargs") or None)
+
+    def parse(self, job: dict, tokenizer: Any) -> dict:
+        if job.get("stream"):
+            return self.parse_stream(job, tokenizer)
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
+                               bool(job.get("force_reasoning", True)), tokenizer)
+        request = self.request(job)
+        ids = job["token_ids"] if job.get("token_ids") is not None else tokenizer.ids_for(job["chunks"])
+        meta = _Result(id="chatcmpl-drift", finish_reason={"type": "stop", "matched": None}, prompt_tokens=1,
+                       completion_tokens=len(ids), cached_tokens=0, weight_version="default")
+        ret = [_Result(text=job["text"], output_ids=ids, meta_info=meta, index=0)]
+        response = call_with(serving._build_chat_response, {"request": request, "ret": ret, "created": 0})
+        if not hasattr(response, "choices"):
+            body = getattr(response, "body", b"")
+            return {"error": body.decode("utf-8", "replace") if isinstance(body, bytes) else str(response)}
+        message = response.choices[0].message
+        calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+                 for call in message.tool_calls or []]
+        return {"reasoning": message.reasoning_content, "content": message.content, "tool_calls": calls,
+                "error": None}
+
+    def parse_stream(self, job: dict, tokenizer: Any) -> dict:
+        """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
+        far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
+        import asyncio
+
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
+                               bool(job.get("force_reasoning", True)), tokenizer)
+        request = self.request(job, stream=True)
+        chunks = job["chunks"]
+        ids = [[i] for i in job["token_ids"]] if job.get("token_ids") is not None else \
+            [tokenizer.ids_for([chunk]) for chunk in chunks]
+
+        async def generate_request(*args: Any, **kwargs: Any):
+            text, output_ids = "", []
+            for position, (chunk, chunk_ids) in enumerate(zip(chunks, ids)):
+                text += chunk
+                output_ids = output_ids + chunk_ids
+                last = position == len(chunks) - 1
+                meta = _Result(id="chatcmpl-drift", prompt_tokens=1, completion_tokens=len(output_ids),
+                               cached_tokens=0, finish_reason={"type": "stop", "matched": None} if last else None,
+                               weight_version="default")
+                yield _Result(text=text, output_ids=list(output_ids), meta_info=meta, index=0)
+
+        object.__setattr__(serving.tokenizer_manager, "generate_request", generate_request)
+        stream = call_with(serving._generate_chat_stream, {"adapted_request": Permissive("adapted_request"),
+                                                             "request": request,
+                                                             "raw_request": Permissive("raw_request")})
+
+        async def events() -> list[str]:
+            return [event async for event in stream]
+
+        return streamed_message(asyncio.run(events()))

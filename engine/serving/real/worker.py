@@ -1,0 +1,211 @@
+"""The sandboxed worker that runs one engine release's own code: `python -m engine.serving.real.worker ENGINE VERSION
+ROOT`, started by backend.py (under `unshare -rn` when available, with RLIMIT_AS set, a clean environment and the
+release's sources read-only).
+
+Protocol: one JSON object per line on stdin, one reply per line on the file descriptor given in DRIFT_REPLY_FD (the
+engine's own prints go to stderr). Requests: {"op": "hello"}, {"op": "parsers"}, {"op": "parse", ...}. Replies carry
+`ok`, the result or `error`, and `warnings` (stubs the job touched). Nothing here is imported by the explorer's
+own process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ORDINARY_TOKEN_ID = 11
+
+
+class VocabTokenizer:
+    """The tokenizer the parsers see: the model's added tokens with their ids and special flags (what the parsers
+    look up), every other piece of text one ordinary id. The explorer's real tokenizer supplies the vocabulary."""
+
+    def __init__(self, added: dict[str, int], special: list[str], harmony: bool = False,
+                 tokenizer_json: str | None = None) -> None:
+        # With the model's tokenizer.json the ids are real (serving code that tokenizes itself needs them).
+        self.backend_tokenizer = _real_tokenizer(tokenizer_json) if tokenizer_json else None
+        self._vocab = dict(added)
+        self._inverse = {i: t for t, i in added.items()}
+        self.all_special_tokens = [t for t in special if t in added]
+        self.all_special_ids = [added[t] for t in self.all_special_tokens]
+        self.harmony = harmony
+        self.eos_token_id = None
+        self.bos_token_id = None
+        self.name_or_path = "drift-explorer"
+        self.vocab_size = max(added.values(), default=0) + 1
+        self.is_fast = True
+        self.truncation_side = "left"
+        self.model_max_length = 1 << 20
+        self.chat_template = None
+        self.init_kwargs: dict = {}
+        self.special_tokens_map: dict = {}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def convert_tokens_to_ids(self, token):
+        if isinstance(token, list):
+            return [self._vocab.get(t, 0) for t in token]
+        return self._vocab.get(token, 0)
+
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        if isinstance(ids, int):
+            return self._inverse.get(ids, "")
+        return [self._inverse.get(i, "") for i in ids]
+
+    def encode(self, text: str, add_special_tokens: bool = False, **kwargs) -> list[int]:
+        if self.backend_tokenizer is not None:
+            return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        return [self._vocab.get(text, ORDINARY_TOKEN_ID)]
+
+    def decode(self, ids, skip_special_tokens: bool = False, **kwargs) -> str:
+        if self.harmony:
+            return _harmony().decode(list(ids))
+        if self.backend_tokenizer is not None:
+            return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return "".join(self._inverse.get(i, "") for i in ids)
+
+    def ids_for(self, chunks: list[str]) -> list[int]:
+        """Token ids for output chunks: real ids with a tokenizer.json; else an added token is its id, other text one
+        ordinary id per chunk."""
+        if self.backend_tokenizer is not None:
+            return list(self.backend_tokenizer.encode("".join(chunks), add_special_tokens=False).ids)
+        return [self._vocab[c] if c in self._vocab else ORDINARY_TOKEN_ID for c in chunks]
+
+
+_HARMONY = None
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _real_tokenizer(path: str) -> Any:
+    if path not in _TOKENIZERS:
+        from tokenizers import Tokenizer
+
+        _TOKENIZERS[path] = Tokenizer.from_file(path)
+    return _TOKENIZERS[path]
+
+
+def _harmony():
+    global _HARMONY
+    if _HARMONY is None:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        _HARMONY = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    return _HARMONY
+
+
+class Worker:
+    def __init__(self, engine: str, version: str, root: Path) -> None:
+        from engine.serving.real import stubs
+
+        self.engine, self.version, self.root = engine, version, root
+        started = time.perf_counter()
+        self.finder = stubs.install(engine, version, root)
+        self.touches = stubs.TOUCHES
+        if engine == "vllm":
+            from engine.serving.real import glue_vllm as glue
+        else:
+            from engine.serving.real import glue_sglang as glue
+        self.glue = glue.Glue(version)
+        self.import_s = time.perf_counter() - started
+        self.tokenizers: dict[str, VocabTokenizer] = {}
+
+    def handle(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "hello":
+            return {"ok": True, "import_s": self.import_s, "stubbed_roots": sorted(self.finder.stubbed)}
+        if op == "parsers":
+            return {"ok": True, **self.glue.parsers()}
+        if op == "parse":
+            return self.parse(request)
+        if op == "network_check":  # the sandbox's own check: can this process open a connection to PyPI?
+            import socket
+
+            try:
+                socket.create_connection(("pypi.org", 443), timeout=3).close()
+                return {"ok": True, "reachable": True}
+            except OSError as err:
+                return {"ok": True, "reachable": False, "error": str(err)}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def parse(self, job: dict) -> dict:
+        tok = job["tokenizer"]
+        key = json.dumps([tok, bool(job.get("harmony"))], sort_keys=True)
+        tokenizer = self.tokenizers.get(key)
+        if tokenizer is None:  # one per vocabulary: serving code caches what it builds from its tokenizer
+            tokenizer = self.tokenizers[key] = VocabTokenizer(tok["added"], tok["special"],
+                                                              harmony=bool(job.get("harmony")),
+                                                              tokenizer_json=tok.get("tokenizer_json"))
+        self.touches.names.clear()
+        tracer = None
+        if job.get("trace"):
+            from engine.serving.real.tracer import Tracer
+
+            tracer = Tracer(str(self.root))
+        started = time.perf_counter()
+        self.touches.armed = True
+        try:
+            if tracer is not None:
+                tracer.start()
+            try:
+                result = self.glue.parse(job, tokenizer)
+            finally:
+                if tracer is not None:
+                    tracer.stop()
+        except Exception as exc:  # the engine's code failed: report it, keep serving
+            self.touches.armed = False
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = next((f"{Path(f.filename).relative_to(self.root)}:{f.lineno}" for f in reversed(frames)
+                          if f.filename.startswith(str(self.root))), None)
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": where,
+                    "trace": traceback.format_exc(limit=-6), "warnings": sorted(self.touches.names)}
+        finally:
+            self.touches.armed = False
+        reply = {"ok": True, "result": result, "ms": (time.perf_counter() - started) * 1000,
+                 "warnings": sorted(self.touches.names)}
+        if tracer is not None:
+            reply["trace"] = tracer.report(self.root)
+        return reply
+
+
+def main() -> None:
+    engine, version, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    reply_fd = int(os.environ["DRIFT_REPLY_FD"])
+    replies = os.fdopen(reply_fd, "w", encoding="utf-8", buffering=1)
+    sys.stdout = sys.stderr  # the engine's own prints must not corrupt the protocol
+    logging.disable(logging.CRITICAL)
+    try:
+        import tokenizers  # noqa: F401 - real, loaded before the stubs are installed
+    except ImportError:
+        pass
+    try:
+        worker = Worker(engine, version, root)
+        hello: dict[str, Any] = worker.handle({"op": "hello"})
+    except Exception as exc:  # the release does not load
+        hello = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=-8)}
+        replies.write(json.dumps(hello) + "\n")
+        return
+    replies.write(json.dumps(hello) + "\n")
+    for line in sys.stdin:
+        try:
+            reply = worker.handle(json.loads(line))
+        except Exception as exc:  # noqa: BLE001 - a bug in the glue: report, keep serving
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=-6)}
+        replies.write(json.dumps(reply, ensure_ascii=False, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""A cell on every release of an engine: where its outcome changed, from the releases' own code.
+
+`timeline(model, scenario, "sglang", first="0.5.10", last="0.5.15")` runs the cell on each release through the
+real-engine backend (engine/serving/real; the pinned releases too, so every row is that release's code) and returns
+one `ReleaseOutcome` per release: status, first break and cause, and what the engine returned for each model turn.
+`changed` marks a release whose outcome differs from the release before it. `bisect=True` runs only the releases a
+binary search between the two ends needs, assuming one change between them; it finds the first release whose
+outcome differs from `first`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from engine.serving.real import fetch
+from engine.simulate import CellResult, run_cell
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    release: str  # engine@version
+    status: str
+    first_break: int | None  # the 1-based boundary that breaks, or None
+    cause: dict | None  # Cause.to_json()
+    parses: tuple[dict, ...]  # per boundary: what the engine returned (reasoning, content, tool_calls, error)
+    note: str | None
+    changed: bool = False  # differs from the previous release run
+
+    @property
+    def signature(self) -> tuple:
+        cause = (self.cause or {}).get("kind"), (self.cause or {}).get("stage")
+        parses = tuple((p.get("reasoning"), p.get("content"),
+                        tuple((c["name"], c["arguments"]) for c in p.get("tool_calls", ()))) for p in self.parses)
+        return self.status, self.first_break, cause, parses
+
+    def to_json(self) -> dict:
+        return {"release": self.release, "status": self.status, "first_break": self.first_break, "cause": self.cause,
+                "parses": list(self.parses), "note": self.note, "changed": self.changed}
+
+
+def releases(engine: str, first: str | None = None, last: str | None = None) -> list[str]:
+    """The engine's releases between `first` and `last` (inclusive), oldest first."""
+    versions = [r.version for r in fetch.list_releases(engine)]
+    low = Version(first) if first else None
+    high = Version(last) if last else None
+    return [v for v in versions if (low is None or Version(v) >= low) and (high is None or Version(v) <= high)]
+
+
+def _outcome(cell: CellResult, release: str) -> ReleaseOutcome:
+    focus = next((b for b in cell.boundaries if not b.holds), None)
+    parses = tuple({key: value for key, value in b.parse.to_json().items() if key != "edits"}
+                   for b in cell.boundaries)
+    for parse in parses:
+        for call in parse.get("tool_calls", []):
+            call.pop("id", None)  # random per run
+    return ReleaseOutcome(release, cell.status, focus.index if focus else None,
+                          cell.cause.to_json() if cell.cause else None, parses, cell.note)
+
+
+def outcome(model: str, scenario: str, engine: str, version: str, kwargs: dict | None = None) -> ReleaseOutcome:
+    spec = f"{engine}@{version}"
+    return _outcome(run_cell(model, scenario, f"real:{spec}", kwargs), spec)
+
+
+def timeline(model: str, scenario: str, engine: str, *, first: str | None = None, last: str | None = None,
+             bisect: bool = False, kwargs: dict | None = None) -> list[ReleaseOutcome]:
+    versions = releases(engine, first, last)
+    if not versions:
+        raise ValueError(f"no {engine} release between {first or 'the first'} and {last or 'the last'}")
+    results: dict[str, ReleaseOutcome] = {}
+
+    def run(version: str) -> ReleaseOutcome:
+        if version not in results:
+            results[version] = outcome(model, scenario, engine, version, kwargs)
+        return results[version]
+
+    if bisect and len(versions) > 2:
+        low, high = 0, len(versions) - 1
+        start = run(versions[low]).signature
+        if run(versions[high]).signature != start:
+            while high - low > 1:
+                middle = (low + high) // 2
+                if run(versions[middle]).signature == start:
+                    low = middle
+                else:
+                    high = middle
+    else:
+        for version in versions:
+            run(version)
+    ordered = [results[v] for v in versions if v in results]
+    marked = [ordered[0]]
+    for previous, current in zip(ordered, ordered[1:]):
+        marked.append(ReleaseOutcome(**{**current.__dict__, "changed": current.signature != previous.signature}))
+    return marked
