@@ -1,7 +1,8 @@
 """Hostile input to the CLI: every malformed file, id or option ends in one sentence on stderr and its documented
 exit code (README: 0 holds, 1 breaks / no longer matches, 2 bad input), never a traceback, well under 15 s.
 
-The trace reader (`python -m engine trace`, issue 18) is not on this branch yet, so it has no cases here.
+The trace reader (`python -m engine trace`) is fed every malformed sample of samples/traces/malformed/, /dev/zero
+and a missing file.
 Each case runs `engine.cli.main` in this process (a process start per case would cost seconds); one case per
 command also runs as a real subprocess to prove what a shell sees.
 """
@@ -264,3 +265,24 @@ def test_a_subprocess_gets_one_line_and_exit_2(argv, expected):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith(expected) and done.stderr.count("\n") == 1, done.stderr
     assert time.monotonic() - started < HANG_GUARD_S * 4  # a cold process start imports transformers
+
+
+# ---- trace ------------------------------------------------------------------------------------------------------
+
+MALFORMED_TRACES = sorted((ROOT / "samples" / "traces" / "malformed").iterdir())
+
+
+@pytest.mark.parametrize("path", MALFORMED_TRACES, ids=[p.name for p in MALFORMED_TRACES])
+def test_trace_refuses_a_malformed_trace_in_one_sentence(capsys, path):
+    code, err, elapsed = run_cli(["trace", str(path)], capsys)
+    # The sentence names the file, then the line or record and what is wrong there.
+    assert_one_sentence(code, err, elapsed, f"error: {path.name}: ")
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("/dev/zero", "zero: line 1 is not any trace format read here"),
+    ("/nonexistent/trace.log", "trace.log cannot be read: No such file or directory"),
+])
+def test_trace_refuses_dev_zero_and_a_missing_file(capsys, path, expected):
+    code, err, elapsed = run_cli(["trace", path], capsys)
+    assert_one_sentence(code, err, elapsed, expected)

@@ -55,7 +55,7 @@ def test_qwen_history_reasoning_break_points_at_the_branch_that_drops_it() -> No
     cell = run_cell("qwen3.6", "no-tools-next-user", "vllm")
     assert cell.cause.location == "Qwen-Qwen3.6-35B-A3B.jinja:100-103"
     assert cell.cause.kind == "reasoning-dropped"
-    assert cell.cause.locations[0].text == ("{% if preserve_thinking is defined and preserve_thinking is true or "
+    assert cell.cause.locations[0].text == ("{% if (preserve_thinking is defined and preserve_thinking is true) or "
                                             "loop.index0 > ns.last_query_index %} (line 100)")
     assert cell.cause.proof.endswith("undone from the broken message on (and the engine's result replaced by the "
                                      "model's fields as written): the boundary holds (3263/3263 characters)")

@@ -90,14 +90,21 @@ def describe(node: nodes.Node) -> str:
         return f"{describe(node.node)} is {node.name}"
     if isinstance(node, nodes.Not):
         return f"not {describe(node.node)}"
+    if isinstance(node, (nodes.And, nodes.Or)):
+        word = "and" if isinstance(node, nodes.And) else "or"
+
+        def side(child: nodes.Node) -> str:
+            # A nested and/or of the other kind keeps the template's grouping visible.
+            nested = isinstance(child, (nodes.And, nodes.Or)) and type(child) is not type(node)
+            return f"({describe(child)})" if nested else describe(child)
+
+        return f"{side(node.left)} {word} {side(node.right)}"
     if isinstance(node, nodes.BinExpr):
         return f"{describe(node.left)} {node.operator} {describe(node.right)}"
     if isinstance(node, nodes.Compare):
         ops = " ".join(f"{_COMPARISONS.get(op.op, op.op)} {describe(op.expr)}" for op in node.ops)
         return f"{describe(node.expr)} {ops}"
-    if isinstance(node, (nodes.And, nodes.Or)):
-        word = "and" if isinstance(node, nodes.And) else "or"
-        return f"({describe(node.left)} {word} {describe(node.right)})"
+
     if isinstance(node, nodes.TemplateData):
         return repr(node.data)
     return "…"
