@@ -126,7 +126,8 @@ def test_the_workspace_folder_is_the_operators_setting_and_can_be_read_only(work
     ({"model": "../x", "scenario": "tool-call", "cell_engine": "raw"},
      "The link's cell was not opened: unknown model '../x'."),
     ({"model": "qwen3.6", "scenario": "tool-call", "cell_engine": "vllm@9"},
-     "The link's cell was not opened: unknown engine 'vllm@9'."),
+     # Any release on PyPI is an engine (run from its own code); 9 is none of them.
+     "The link's cell was not opened: unknown engine 'vllm@9': vllm@9 is not a release on PyPI from 0.10.0 on."),
     ({"model": "qwen3.6", "scenario": "tool-call", "cell_engine": "raw", "upload": "0123456789abcdef"},
      "The link's cell was not opened: no stored upload '0123456789abcdef'."),
 ], ids=["string-for-bool", "null-for-bool", "list", "null", "model-list", "unknown-kwarg", "scenario-path",

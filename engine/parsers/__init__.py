@@ -82,11 +82,14 @@ def known_engine(spec: object) -> str:
     if spec in ("raw", "bridge") or (isinstance(spec, str) and _NEWEST.get(spec, spec) in _ENGINES):
         return str(spec)
     if isinstance(spec, str) and len(spec) <= 200:
-        try:
-            get_engine(spec)
-            return spec
-        except ValueError as err:
-            raise ExplorerError(str(err)) from None
+        # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
+        release = spec.partition("/")[0].removeprefix("real:")
+        if release.partition("@")[0] in _NEWEST and ("@" in release or "/" in spec):
+            try:
+                get_engine(spec)
+                return spec
+            except ValueError as err:
+                raise ExplorerError(str(err)) from None
     shown = repr(spec)[:60] if isinstance(spec, str) else f"of type {type(spec).__name__}"
     raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, {', '.join(sorted(_NEWEST))} or one of their "
                         f"versions ({', '.join(_ENGINES)}), or any vllm@X / sglang@X release on PyPI")
