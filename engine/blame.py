@@ -489,6 +489,11 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
         if evaluation.message >= undo_from:
             ran.setdefault(evaluation.construct, []).append(evaluation)
     groups = _candidate_groups(constructs, ran, emit_line)
+    # Reasoning missing at the break: a branch left it out, far more often than a transform (conditions first, and
+    # the first one whose flip keeps the prefix is the cause).
+    reasoning_lost = _reasoning_lost_at_break(boundary)
+    if reasoning_lost:
+        groups.sort(key=lambda group: group[0].kind != "condition")
     candidates = [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
                   for group in groups if group[0].kind != "output"]
     # Every condition on one template switch (a kwarg such as drop_thinking tested in several places, also outside
@@ -516,8 +521,11 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
             holding += trial.holds
-            if holding >= HOLDING_ENOUGH:
-                break  # enough that keep the prefix to choose the smallest from
+            # Enough that keep the prefix to choose the smallest from; a transform of the model's text (tried first)
+            # that keeps it is the cause.
+            if holding >= HOLDING_ENOUGH or (trial.holds and not change.substitute and (
+                    group[0].kind == "op" or (reasoning_lost and group[0].kind == "condition"))):
+                break
     if not trials:
         return None
 
@@ -874,11 +882,17 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
     at = boundary.string_prefix.common
     keeping: list[Fix] = []
     changing: list[Fix] = []
+    deferred: list[tuple[str, bool]] = []
     for kwarg in model.spec.template_kwargs:
         if not isinstance(kwarg.default, bool):
             continue
         value = not context.kwargs.get(kwarg.name, kwarg.default)
         if kwarg.name in context.user_kwargs and context.user_kwargs[kwarg.name] == value:
+            continue
+        if _answered_prompt_changes(boundary, context, {kwarg.name: value}):
+            # It changes what the model is asked: offered only when even the bridge does not hold, so its re-run
+            # waits until then.
+            deferred.append((kwarg.name, value))
             continue
         fixed = rerun(WithKwargs({kwarg.name: value}))
         if fixed is None or not (fixed.holds or fixed.string_prefix.common > at):
@@ -912,10 +926,38 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
                            "re-rendering", engine="bridge", proof="re-run with the bridge: the boundary holds")
     if bridged is not None and bridged.holds:
         return bridge
+    for name, value in deferred:
+        fixed = rerun(WithKwargs({name: value}))
+        if fixed is not None and (fixed.holds or fixed.string_prefix.common > at):
+            setting = f"{name}={'true' if value else 'false'}"
+            outcome = "the boundary holds" if fixed.holds else (
+                f"this break goes away; the boundary breaks later, at character {fixed.string_prefix.common}")
+            changing.append((not fixed.holds, len(changing), Fix(
+                "kwarg", f"set {setting} (this changes what the model is asked to do: nothing that keeps its text "
+                         "fixes the cell)", kwarg=name, value=value,
+                proof=f"re-run with {setting}: {outcome}; the prompt the model answered changes",
+                changes_behaviour=True)))
     if changing:
         return min(changing)[2]
     return replace(bridge, proof="re-run with the bridge: the next prompt's new messages do not render, so even the "
                                  "bridge does not hold")
+
+
+def _answered_prompt_changes(boundary: Boundary, context: BlameContext, kwargs: dict[str, Any]) -> bool:
+    """Whether other kwargs change the prompt the model answered: that prompt rendered again with them (the next
+    request's messages before the model's turn), without re-running the cell."""
+    from engine.errors import RenderError
+
+    request = boundary.next_request
+    turns = [i for i, m in enumerate(request.messages) if m.get("role") == "assistant"] if request else []
+    if not turns:
+        return False
+    try:
+        again = context.model.renderer.render(request.messages[:turns[-1]], request.tools,
+                                              add_generation_prompt=True, kwargs={**request.kwargs, **kwargs})
+    except RenderError:
+        return False
+    return again.text != boundary.prev_prompt.text
 
 
 def _same_engine_versions(context: BlameContext) -> list[str]:

@@ -248,8 +248,11 @@ class JinjaRenderer:
         return chat, variables
 
     def cache_clear(self) -> None:
-        """Forget the converted messages (`_template_messages`), for a measurement that starts cold."""
+        """Forget the converted messages (`_template_messages`) and the counterfactual renders, for a measurement that
+        starts cold."""
         self._message_memo.clear()
+        self._counterfactuals.clear()
+        self._counterfactual_context = None
 
     def _template_messages(self, messages: list[dict]) -> list[dict]:
         """transformers' `_normalize_chat_messages`, `_plain_template_data` and `_alias_reasoning_fields` on the
