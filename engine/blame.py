@@ -470,9 +470,9 @@ def _same_place(a: Location, b: Location) -> bool:
 def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: Rerun, emit_line: int
                              ) -> tuple[_Trial, tuple[Location, ...], str, str, str] | None:
     renderer = context.model.renderer
-    constructs_of = getattr(renderer, "constructs", None)
+    table_of = getattr(renderer, "construct_table", None)
     counterfactual = getattr(renderer, "render_counterfactual", None)
-    if constructs_of is None or counterfactual is None or boundary.next_request is None:
+    if table_of is None or counterfactual is None or boundary.next_request is None:
         return None
     target = _break_message(boundary)
     # From the message before the break's on: a turn's closing markup (the transition after a user message) is
@@ -483,7 +483,8 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
         _, evaluations = counterfactual(boundary.next_request)
     except Exception:  # noqa: BLE001 - the instrumented render is a second opinion; the emitting line stands
         return None
-    constructs = constructs_of()
+    table = table_of()
+    constructs = table.constructs
     ran: dict[int, list] = {}
     for evaluation in evaluations:
         if evaluation.message >= undo_from:
@@ -498,8 +499,8 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                   for group in groups if group[0].kind != "output"]
     # Every condition on one template switch (a kwarg such as drop_thinking tested in several places, also outside
     # any message, e.g. where the history is prepared), undone everywhere: together, and each alone.
-    aliases = getattr(renderer, "construct_aliases", dict)()
-    for group in _switch_groups(constructs, {e.construct for e in evaluations}, frozenset(context.kwargs), aliases):
+    for group in _switch_groups(constructs, {e.construct for e in evaluations}, frozenset(context.kwargs),
+                                table.aliases):
         for part in (group, *((c,) for c in group)) if len(group) > 1 else (group,):
             candidates.append((part, UndoTemplate(-1, frozenset(c.id for c in part), base=boundary)))
     # An op that printed a value anew (`|tojson`, `to_json`, a variable set above): had it printed the model's own
@@ -573,8 +574,7 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     location = Location(origin, path, first, last if last != first else None, text=text or source)
     if head.kind == "output" and change.substitute:
         # A variable printed here was computed by a `set` above: that assignment is the construct.
-        assignments = getattr(renderer, "construct_assignments", dict)()
-        set_lines = [line for name in head.names for line in assignments.get(name, ()) if line <= head.line]
+        set_lines = [line for name in head.names for line in table.assigned_at.get(name, ()) if line <= head.line]
         if set_lines:
             line = max(set_lines)
             set_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError, is_panic
-from engine.render.constructs import Construct, Evaluation
+from engine.render.constructs import Construct, ConstructTable, Evaluation
 from engine.types import Rendered, RenderRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -396,7 +396,7 @@ class SandboxedRenderer:
         key_material = json.dumps([source, model, source_path, sorted(self._special_tokens.items())],
                                   ensure_ascii=False)
         self._key = hashlib.sha256(key_material.encode("utf-8", "surrogatepass")).hexdigest()
-        self._constructs: tuple | None = None
+        self._constructs: ConstructTable | None = None
         self._request("compile", {})
 
     def source_lines(self) -> list[str]:
@@ -427,21 +427,12 @@ class SandboxedRenderer:
             raise RenderError(f"{self.source_path} for model {self.model} got a malformed reply from the sandbox "
                               f"worker ({err})", model=self.model, path=self.source_path) from None
 
-    def constructs(self) -> tuple[Construct, ...]:
+    def construct_table(self) -> ConstructTable:
         """The template's constructs, as the worker's instrumented compile lists them (engine.render.constructs)."""
-        return self._structure()[0]
-
-    def construct_aliases(self) -> dict[str, frozenset[str]]:
-        return self._structure()[1]
-
-    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
-        return self._structure()[2]
-
-    def _structure(self) -> tuple:
         if self._constructs is None:
             reply = self._request("constructs", {})
             try:
-                self._constructs = (
+                self._constructs = ConstructTable(
                     tuple(Construct(**{**c, "names": frozenset(c["names"])}) for c in reply["constructs"]),
                     {name: frozenset(read) for name, read in reply["aliases"].items()},
                     {name: tuple(lines) for name, lines in reply["assigned_at"].items()})
@@ -681,9 +672,10 @@ class _WorkerState:
                 return {"ok": True}
             renderer.max_chars = request["max_chars"]
             if op == "constructs":
-                return {"constructs": [{**vars(c), "names": sorted(c.names)} for c in renderer.constructs()],
-                        "aliases": {k: sorted(v) for k, v in renderer.construct_aliases().items()},
-                        "assigned_at": {k: list(v) for k, v in renderer.construct_assignments().items()}}
+                table = renderer.construct_table()
+                return {"constructs": [{**vars(c), "names": sorted(c.names)} for c in table.constructs],
+                        "aliases": {k: sorted(v) for k, v in table.aliases.items()},
+                        "assigned_at": {k: list(v) for k, v in table.assigned_at.items()}}
             if op == "counterfactual":
                 text, evaluations = renderer.render_counterfactual(
                     RenderRequest(request["messages"], request["tools"], request["add_generation_prompt"],

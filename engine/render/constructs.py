@@ -46,6 +46,40 @@ class Construct:
 
 
 @dataclass(frozen=True)
+class ConstructTable:
+    """A rewritten source's constructs, and what its variables are assigned from: `aliases` (a variable -> the
+    variables its value reads) and `assigned_at` (a variable -> the lines that assign it)."""
+
+    constructs: tuple[Construct, ...]
+    aliases: dict[str, frozenset[str]]
+    assigned_at: dict[str, tuple[int, ...]]
+
+
+class _Recording:
+    """What both rewriters (Jinja and Python) keep while they number the constructs."""
+
+    def __init__(self) -> None:
+        self.constructs: list[Construct] = []
+        self.aliases: dict[str, set[str]] = {}
+        self.assigned_at: dict[str, list[int]] = {}
+
+    def _new(self, kind: str, name: str, node, description: str, receiver: str = "",
+             end_line: int | None = None, names: frozenset[str] = frozenset()) -> int:
+        construct = Construct(len(self.constructs), kind, name, node.lineno, end_line or node.lineno, description,
+                              receiver, names)
+        self.constructs.append(construct)
+        return construct.id
+
+    def _assigned(self, target: str, read: set[str], line: int) -> None:
+        self.aliases.setdefault(target, set()).update(read)
+        self.assigned_at.setdefault(target, []).append(line)
+
+    def table(self) -> ConstructTable:
+        return ConstructTable(tuple(self.constructs), {k: frozenset(v) for k, v in self.aliases.items()},
+                              {k: tuple(v) for k, v in self.assigned_at.items()})
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """One run of a construct while the template rendered message `message` (-1: outside any message)."""
 
@@ -119,26 +153,16 @@ def _max_line(node: nodes.Node) -> int:
     return max([getattr(node, "lineno", 0) or 0, *(_max_line(child) for child in node.iter_child_nodes())])
 
 
-class _Rewriter(NodeTransformer):
+class _Rewriter(NodeTransformer, _Recording):
     def __init__(self) -> None:
-        self.constructs: list[Construct] = []
-        self.aliases: dict[str, set[str]] = {}  # a `set` variable -> the variables its value reads
-        self.assigned_at: dict[str, list[int]] = {}  # a `set` variable -> the lines that set it
+        _Recording.__init__(self)
 
     def visit_Assign(self, node: nodes.Assign) -> nodes.Assign:
         read = set(_names(node.node))
         for target in [node.target, *node.target.find_all(nodes.Name)]:
             if isinstance(target, nodes.Name):
-                self.aliases.setdefault(target.name, set()).update(read)
-                self.assigned_at.setdefault(target.name, []).append(node.lineno)
+                self._assigned(target.name, read, node.lineno)
         return self.generic_visit(node)
-
-    def _new(self, kind: str, name: str, node: nodes.Node, description: str, receiver: str = "",
-             end_line: int | None = None, names: frozenset[str] = frozenset()) -> int:
-        construct = Construct(len(self.constructs), kind, name, node.lineno, end_line or node.lineno, description,
-                              receiver, names)
-        self.constructs.append(construct)
-        return construct.id
 
     @staticmethod
     def _call(function: str, ident: nodes.Const, value: nodes.Expr, *args: nodes.Expr, lineno: int) -> nodes.Filter:
@@ -231,9 +255,7 @@ class InstrumentedTemplate:
     def __init__(self, environment: jinja2.Environment, source: str) -> None:
         rewriter = _Rewriter()
         tree = rewriter.visit(environment.parse(source))
-        self.constructs: tuple[Construct, ...] = tuple(rewriter.constructs)
-        self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
-        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
+        self.table = rewriter.table()
         self._local = threading.local()  # the web app renders from several threads
         environment = environment.overlay()
         # The overlay shares its parent's filter table: give it its own before adding ours.
@@ -320,14 +342,12 @@ class InstrumentedTemplate:
         return ""
 
 
-class _PythonRewriter(ast.NodeTransformer):
+class _PythonRewriter(ast.NodeTransformer, _Recording):
     """The same rewrite for a Python encoder: string methods and `json.dumps`-like helpers (ops), `if` tests and
     conditional expressions (conditions), and every `prompt += ...` (outputs)."""
 
     def __init__(self, functions: frozenset[str]) -> None:
-        self.constructs: list[Construct] = []
-        self.aliases: dict[str, set[str]] = {}
-        self.assigned_at: dict[str, list[int]] = {}
+        _Recording.__init__(self)
         self._functions = functions  # helpers whose call re-prints a value (e.g. to_json)
 
     def visit_Assign(self, node: ast.Assign) -> ast.Assign:
@@ -335,16 +355,8 @@ class _PythonRewriter(ast.NodeTransformer):
         for target in node.targets:
             for name in ast.walk(target):
                 if isinstance(name, ast.Name):
-                    self.aliases.setdefault(name.id, set()).update(read)
-                    self.assigned_at.setdefault(name.id, []).append(node.lineno)
+                    self._assigned(name.id, read, node.lineno)
         return self.generic_visit(node)
-
-    def _new(self, kind: str, name: str, node: ast.AST, description: str, receiver: str = "",
-             end_line: int | None = None, names: frozenset[str] = frozenset()) -> int:
-        construct = Construct(len(self.constructs), kind, name, node.lineno, end_line or node.lineno, description,
-                              receiver, names)
-        self.constructs.append(construct)
-        return construct.id
 
     @staticmethod
     def _call(function: str, *args: ast.expr, like: ast.AST) -> ast.Call:
@@ -396,9 +408,7 @@ class InstrumentedModule(InstrumentedTemplate):
                  message_of_frame: Callable[[object, _Run], int | None]) -> None:
         rewriter = _PythonRewriter(reprinting_functions)
         tree = ast.fix_missing_locations(rewriter.visit(ast.parse(source, filename)))
-        self.constructs = tuple(rewriter.constructs)
-        self.aliases = {name: frozenset(read) for name, read in rewriter.aliases.items()}
-        self.assigned_at = {name: tuple(lines) for name, lines in rewriter.assigned_at.items()}
+        self.table = rewriter.table()
         self._local = threading.local()
         self._filename = filename
         self._message_of_frame = message_of_frame

@@ -41,7 +41,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from engine.errors import AssetError, RenderError
-from engine.render.constructs import Construct, Evaluation, InstrumentedModule
+from engine.render.constructs import ConstructTable, Evaluation, InstrumentedModule
 from engine.types import Provenance, Rendered, RenderRequest
 
 MODEL_ID = "deepseek-v4"
@@ -139,17 +139,10 @@ class DeepSeekV4Renderer:
                 _rendered_message)
         return self._instrumented_module
 
-    def construct_aliases(self) -> dict[str, frozenset[str]]:
-        """Each variable the source assigns, with the variables its value reads."""
-        return self._instrumented().aliases
-
-    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
-        """Each variable the source assigns, with the lines that assign it."""
-        return self._instrumented().assigned_at
-
-    def constructs(self) -> tuple[Construct, ...]:
-        """Every construct of the encoder that can change a message's text (engine.render.constructs)."""
-        return self._instrumented().constructs
+    def construct_table(self) -> ConstructTable:
+        """Every construct of the encoder that can change a message's text, and its assignments
+        (engine.render.constructs)."""
+        return self._instrumented().table
 
     def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
                               undo: frozenset[int] = frozenset(),

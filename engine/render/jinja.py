@@ -31,7 +31,7 @@ from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 
 from engine.errors import RenderError  # noqa: E402
 from engine.render.cache import request_key  # noqa: E402
-from engine.render.constructs import Construct, Evaluation, InstrumentedTemplate  # noqa: E402
+from engine.render.constructs import ConstructTable, Evaluation, InstrumentedTemplate  # noqa: E402
 from engine.types import Provenance, Rendered, RenderRequest  # noqa: E402
 
 T = TypeVar("T")
@@ -166,17 +166,10 @@ class JinjaRenderer:
             self._instrumented_template = InstrumentedTemplate(self._text_template.environment, self._source)
         return self._instrumented_template
 
-    def construct_aliases(self) -> dict[str, frozenset[str]]:
-        """Each variable the source assigns, with the variables its value reads."""
-        return self._instrumented().aliases
-
-    def construct_assignments(self) -> dict[str, tuple[int, ...]]:
-        """Each variable the source assigns, with the lines that assign it."""
-        return self._instrumented().assigned_at
-
-    def constructs(self) -> tuple[Construct, ...]:
-        """Every construct of the template that can change a message's text (engine.render.constructs)."""
-        return self._instrumented().constructs
+    def construct_table(self) -> ConstructTable:
+        """Every construct of the template that can change a message's text, and its assignments
+        (engine.render.constructs)."""
+        return self._instrumented().table
 
     def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
                               undo: frozenset[int] = frozenset(),
