@@ -14,6 +14,7 @@ caller first reads `message_index` or `source_line`, since most prompts are only
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -183,9 +184,11 @@ class JinjaRenderer:
                undo_from, frozenset(undo), tuple(sorted((k, tuple(sorted(v.items())))
                                                          for k, v in (substitute or {}).items())))
         memo = self._counterfactuals
-        if key in memo:
-            memo.move_to_end(key)
-            return memo[key]
+        found = memo.get(key)
+        if found is not None:
+            with contextlib.suppress(KeyError):  # another thread (the web app) may have evicted it meanwhile
+                memo.move_to_end(key)
+            return found
         cached = self._counterfactual_context
         if cached is None or cached[0] != key[0]:
             cached = self._counterfactual_context = (key[0], *self.template_context(
@@ -195,7 +198,8 @@ class JinjaRenderer:
                                                                    substitute=substitute))
         memo[key] = result
         if len(memo) > COUNTERFACTUAL_MEMO:
-            memo.popitem(last=False)
+            with contextlib.suppress(KeyError):
+                memo.popitem(last=False)
         return result
 
     def _record(self, line: int, is_root: bool, value: str) -> str:
