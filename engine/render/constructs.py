@@ -249,6 +249,15 @@ def derived_names(names: frozenset[str], aliases: dict[str, frozenset[str]]) -> 
     return frozenset(found)
 
 
+def _message_in_locals(frame, run: _Run) -> int | None:
+    """The message a template frame renders: the local variable that is one of the conversation's messages."""
+    for value in frame.f_locals.values():
+        index = run.message_ids.get(id(value))
+        if index is not None:
+            return index
+    return None
+
+
 class InstrumentedTemplate:
     """A template compiled with every construct observable; `render` says which ran for which message."""
 
@@ -257,6 +266,8 @@ class InstrumentedTemplate:
         tree = rewriter.visit(environment.parse(source))
         self.table = rewriter.table()
         self._local = threading.local()  # the web app renders from several threads
+        self._filename = "<template>"  # what Jinja names the code it compiles
+        self._message_of_frame: Callable[[object, _Run], int | None] = _message_in_locals
         environment = environment.overlay()
         # The overlay shares its parent's filter table: give it its own before adding ours.
         environment.filters = {**environment.filters,
@@ -271,15 +282,23 @@ class InstrumentedTemplate:
         """Render; the constructs in `undo` are undone, and an op in `substitute` gives the text instead of that
         result, while message `undo_from` or a later one is being rendered. Every construct's runs are recorded when
         nothing is changed (a trace); a changed render records nothing."""
-        substitute = dict(substitute or {})
-        run = _Run({id(m): i for i, m in enumerate(chat)}, undo_from, frozenset(undo) | frozenset(substitute),
-                   substitute, record=not undo and not substitute)
-        self._local.run = run
         template = self._template
+        # Template.render without its traceback rewriting: a counterfactual that fails only needs to fail.
+        return self.run(lambda: template.environment.concat(template.root_render_func(template.new_context(
+            {"messages": chat, **variables}))), {id(m): i for i, m in enumerate(chat)},
+            undo_from=undo_from, undo=undo, substitute=substitute)
+
+    def run(self, call: Callable[[], str], message_ids: dict[int, int], *, undo_from: int | None = None,
+            undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+            ) -> tuple[str, list[Evaluation]]:
+        """`call` (which renders) with the constructs observed and changed as `render` says; `message_ids` maps what
+        `_message_of_frame` reads off a frame to the conversation's message index."""
+        substitute = dict(substitute or {})
+        run = _Run(message_ids, undo_from, frozenset(undo) | frozenset(substitute), substitute,
+                   record=not undo and not substitute)
+        self._local.run = run
         try:
-            # Template.render without its traceback rewriting: a counterfactual that fails only needs to fail.
-            text = template.environment.concat(template.root_render_func(template.new_context(
-                {"messages": chat, **variables})))
+            text = call()
         finally:
             self._local.run = None
         return text, run.evaluations
@@ -287,11 +306,10 @@ class InstrumentedTemplate:
     def _message(self, run: _Run) -> int:
         frame = sys._getframe(2)
         while frame is not None:
-            if frame.f_code.co_filename == "<template>":
-                for value in frame.f_locals.values():
-                    index = run.message_ids.get(id(value))
-                    if index is not None:
-                        return index
+            if frame.f_code.co_filename == self._filename:
+                found = self._message_of_frame(frame, run)
+                if found is not None:
+                    return found
             frame = frame.f_back
         return -1
 
@@ -415,26 +433,3 @@ class InstrumentedModule(InstrumentedTemplate):
         self.namespace: dict = {"__name__": "drift_matrix_instrumented_encoder", "__file__": filename,
                                 "drift_op": self._op, "drift_if": self._if, "drift_out": self._out}
         exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the pinned encoder, hash-checked
-
-    def run(self, call: Callable[[], str], message_ids: dict[int, int], *, undo_from: int | None = None,
-            undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
-            ) -> tuple[str, list[Evaluation]]:
-        substitute = dict(substitute or {})
-        run = _Run(message_ids, undo_from, frozenset(undo) | frozenset(substitute), substitute,
-                   record=not undo and not substitute)
-        self._local.run = run
-        try:
-            text = call()
-        finally:
-            self._local.run = None
-        return text, run.evaluations
-
-    def _message(self, run: _Run) -> int:
-        frame = sys._getframe(2)
-        while frame is not None:
-            if frame.f_code.co_filename == self._filename:
-                found = self._message_of_frame(frame, run)
-                if found is not None:
-                    return found
-            frame = frame.f_back
-        return -1
