@@ -879,9 +879,8 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
     it makes the boundary hold, or else when it removes this break (the boundary then breaks later, for another
     cause): the same cause gets the same hint on every engine."""
     model = context.model
-    at = boundary.string_prefix.common
-    keeping: list[Fix] = []
-    changing: list[Fix] = []
+    keeping: list[tuple[bool, int, Fix]] = []  # (does not hold, order, fix): the first that holds wins
+    changing: list[tuple[bool, int, Fix]] = []
     deferred: list[tuple[str, bool]] = []
     for kwarg in model.spec.template_kwargs:
         if not isinstance(kwarg.default, bool):
@@ -894,21 +893,10 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
             # waits until then.
             deferred.append((kwarg.name, value))
             continue
-        fixed = rerun(WithKwargs({kwarg.name: value}))
-        if fixed is None or not (fixed.holds or fixed.string_prefix.common > at):
-            continue
-        setting = f"{kwarg.name}={'true' if value else 'false'}"
-        outcome = "the boundary holds" if fixed.holds else (
-            f"this break goes away; the boundary breaks later, at character {fixed.string_prefix.common}")
-        # A flip that changes the prompt the model answered (e.g. reasoning turned off) changes its behaviour, not
-        # only how its text comes back.
-        keeps = fixed.prev_prompt.text == boundary.prev_prompt.text
-        fix = Fix("kwarg", f"set {setting}" if keeps else
-                  f"set {setting} (this changes what the model is asked to do: nothing that keeps its text fixes "
-                  "the cell)", kwarg=kwarg.name, value=value,
-                  proof=f"re-run with {setting}: {outcome}; the prompt the model answered "
-                        f"{'is unchanged' if keeps else 'changes'}", changes_behaviour=not keeps)
-        (keeping if keeps else changing).append((not fixed.holds, len(keeping) + len(changing), fix))
+        found = _kwarg_fix(boundary, rerun, kwarg.name, value)
+        if found is not None:
+            fix, holds = found
+            (changing if fix.changes_behaviour else keeping).append((not holds, len(keeping) + len(changing), fix))
     if keeping:
         return min(keeping)[2]
     if cause.stage == "client":
@@ -927,20 +915,35 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
     if bridged is not None and bridged.holds:
         return bridge
     for name, value in deferred:
-        fixed = rerun(WithKwargs({name: value}))
-        if fixed is not None and (fixed.holds or fixed.string_prefix.common > at):
-            setting = f"{name}={'true' if value else 'false'}"
-            outcome = "the boundary holds" if fixed.holds else (
-                f"this break goes away; the boundary breaks later, at character {fixed.string_prefix.common}")
-            changing.append((not fixed.holds, len(changing), Fix(
-                "kwarg", f"set {setting} (this changes what the model is asked to do: nothing that keeps its text "
-                         "fixes the cell)", kwarg=name, value=value,
-                proof=f"re-run with {setting}: {outcome}; the prompt the model answered changes",
-                changes_behaviour=True)))
+        found = _kwarg_fix(boundary, rerun, name, value, keeps=False)
+        if found is not None:
+            changing.append((not found[1], len(changing), found[0]))
     if changing:
         return min(changing)[2]
     return replace(bridge, proof="re-run with the bridge: the next prompt's new messages do not render, so even the "
                                  "bridge does not hold")
+
+
+def _kwarg_fix(boundary: Boundary, rerun: Rerun, name: str, value: bool, keeps: bool | None = None
+               ) -> tuple[Fix, bool] | None:
+    """The fix of flipping one kwarg, and whether the boundary then holds; None when the flip does not remove this
+    break. `keeps`: whether the prompt the model answered stays the same (None: as the re-run shows)."""
+    fixed = rerun(WithKwargs({name: value}))
+    if fixed is None or not (fixed.holds or fixed.string_prefix.common > boundary.string_prefix.common):
+        return None
+    setting = f"{name}={'true' if value else 'false'}"
+    outcome = "the boundary holds" if fixed.holds else (
+        f"this break goes away; the boundary breaks later, at character {fixed.string_prefix.common}")
+    # A flip that changes the prompt the model answered (e.g. reasoning turned off) changes its behaviour, not only
+    # how its text comes back.
+    if keeps is None:
+        keeps = fixed.prev_prompt.text == boundary.prev_prompt.text
+    fix = Fix("kwarg", f"set {setting}" if keeps else
+              f"set {setting} (this changes what the model is asked to do: nothing that keeps its text fixes the cell)",
+              kwarg=name, value=value,
+              proof=f"re-run with {setting}: {outcome}; the prompt the model answered "
+                    f"{'is unchanged' if keeps else 'changes'}", changes_behaviour=not keeps)
+    return fix, fixed.holds
 
 
 def _answered_prompt_changes(boundary: Boundary, context: BlameContext, kwargs: dict[str, Any]) -> bool:
