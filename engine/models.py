@@ -44,6 +44,12 @@ class ModelSpec:
     special_tokens: dict[str, Any]
     engine_parsers: dict[str, dict[str, str]]  # engine name -> {"reasoning_parser": ..., "tool_call_parser": ...}
     manifest_path: Path = field(compare=False)
+    # When the model's turns carry reasoning: "always" (the scenario's, as written), "prompt" (only after a
+    # generation prompt that leaves a think block open: thinking on), "never" (a model that does not think).
+    reasoning: str = "always"
+    # The tokenizer's added tokens (text -> id, from the Hub's tokenizer_config.json) for a model whose tokenizer is
+    # not offline: the real engines' parsers look their markers up in the vocabulary.
+    added_tokens: dict[str, int] = field(default_factory=dict)
 
     def default_kwargs(self) -> dict[str, Any]:
         return {k.name: k.default for k in self.template_kwargs}
@@ -57,8 +63,10 @@ def model_ids() -> list[str]:
     return sorted(p.parent.name for p in MODEL_ASSETS.glob("*/model.toml"))
 
 
-# The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6.
-DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss")
+# The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6,
+# then the models served most in engine and RL-framework threads (issue 20).
+DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss",
+                 "minimax-m2.7", "deepseek-v3.2", "llama-3.1", "mistral-small-3.2")
 
 
 def default_model_ids() -> list[str]:
@@ -107,9 +115,20 @@ def spec_from_manifest(raw: dict[str, Any], path: Path) -> ModelSpec:
             special_tokens=dict(raw.get("special_tokens", {})),
             engine_parsers={k: dict(v) for k, v in raw.get("engines", {}).items()},
             manifest_path=path,
+            reasoning=_reasoning_mode(raw.get("reasoning", "always"), path),
+            added_tokens={str(k): int(v) for k, v in raw.get("added_tokens", {}).items()},
         )
     except (KeyError, TypeError) as err:
         raise ExplorerError(f"{path} for model {model_id} is missing or has a malformed field: {err}") from err
+
+
+REASONING_MODES = ("always", "prompt", "never")
+
+
+def _reasoning_mode(value: Any, path: Path) -> str:
+    if value not in REASONING_MODES:
+        raise ExplorerError(f"{path}: reasoning = {value!r} is not one of {', '.join(REASONING_MODES)}")
+    return str(value)
 
 
 @dataclass

@@ -256,10 +256,11 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     emulation = None
     parsers: dict[str, str] = {}
     if engine not in ("raw", "bridge"):
-        from engine.parsers import get_engine
+        from engine.parsers import engine_for_parsers, get_engine
 
         emulation = get_engine(engine)
         parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
+        emulation = engine_for_parsers(emulation, parsers)
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -314,7 +315,14 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         else:
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
-        completion = fmt.write(turn.assistant, stop)
+        assistant = turn.assistant
+        if model.spec.reasoning == "never" or (model.spec.reasoning == "prompt"
+                                               and not prompt_opens_reasoning(prompt.text)):
+            assistant = replace(assistant, reasoning=None)  # the model does not think here: it writes no reasoning
+        try:
+            completion = fmt.write(assistant, stop)
+        except ValueError as err:  # the scenario asks for output this model has no place for (a cut in no reasoning)
+            raise _Unavailable(f"{model.id}: {err}") from err
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
             try:
@@ -322,7 +330,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                 parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
                                          reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
                                          tools=scenario.tools, chat_template_kwargs=kwargs,
-                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
+                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
+                                         added_tokens=model.spec.added_tokens)
             except (ValueError, NotImplementedError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
@@ -332,7 +341,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
             parsed = overrides.parse
         spec_ids = [c.call_id for c in turn.assistant.tool_calls]
-        call_ids = [c.id or (spec_ids[i] if i < len(spec_ids) and spec_ids[i] else f"call_{calls_so_far + i}")
+        call_ids = [c.id or (spec_ids[i] if i < len(spec_ids) and spec_ids[i] else
+                             fmt.client_call_id(calls_so_far + i))
                     for i, c in enumerate(parsed.tool_calls)]
         call_cursor = 0
         calls_so_far += len(parsed.tool_calls)

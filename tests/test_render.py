@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conversations import CONVERSATIONS, TOOLS
 
@@ -10,13 +12,18 @@ from engine.models import load_model
 from engine.provenance import spans
 from engine.render.jinja import JinjaRenderer
 
-JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss"]
+JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss", "minimax-m2.7", "deepseek-v3.2", "llama-3.1",
+                "mistral-small-3.2"]
 KWARG_VARIANTS = {
     "qwen3.6": [{}, {"preserve_thinking": True}, {"enable_thinking": False}],
     "qwen3.5": [{}, {"enable_thinking": True}],
     "glm-5.1": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
     "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
     "gpt-oss": [{}, {"reasoning_effort": "high"}],
+    "minimax-m2.7": [{}],
+    "deepseek-v3.2": [{}, {"thinking": True}],
+    "llama-3.1": [{}, {"tools_in_user_message": False}],
+    "mistral-small-3.2": [{}],
 }
 
 
@@ -185,3 +192,16 @@ def test_messages_converted_once_equal_transformers_conversion() -> None:
     for value in (1, 1.0, True):
         chat, _ = renderer.template_context([{"role": "user", "content": value}], None, True, {})
         assert type(chat[0]["content"]) is type(value)
+
+
+@pytest.mark.parametrize("conversation", ["tool-round", "full-round-next-user"])
+def test_mistral_tool_rounds_with_its_own_call_ids_match_transformers(conversation: str) -> None:
+    """Mistral's template refuses any call id but 9 alphanumerics (the parametrized test above only sees both refuse
+    `call_0`): with ids of that shape the tool rounds render, and as transformers renders them."""
+    model = load_model("mistral-small-3.2")
+    messages, tools = CONVERSATIONS[conversation]
+    renamed = json.loads(json.dumps(messages).replace('"call_0"', '"a1B2c3D4e"'))
+    theirs = model.renderer.render_reference(renamed, tools, add_generation_prompt=True, kwargs={})
+    ours = model.renderer.render(renamed, tools, add_generation_prompt=True, kwargs={})
+    assert ours.text == theirs
+    assert "[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]" in ours.text

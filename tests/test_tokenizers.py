@@ -14,7 +14,7 @@ from engine.models import build_tokenizer, load_spec
 def tokenizer_of(model_id: str):
     return build_tokenizer(load_spec(model_id))[0]
 
-VECTORS = {"qwen3.5": "qwen35", "qwen3.6": "qwen35", "deepseek-v4": "r1"}
+VECTORS = {"qwen3.5": "qwen35", "qwen3.6": "qwen35", "deepseek-v4": "r1", "deepseek-v3.2": "r1"}
 
 
 @pytest.mark.parametrize("model_id", sorted(VECTORS))
@@ -38,6 +38,11 @@ def test_tokenizer_matches_kitoken_utf8_vector(model_id: str, shared_dir) -> Non
     ("qwen3.5", "<think>", 248068),
     ("deepseek-v4", "<think>", 128821), ("deepseek-v4", "｜DSML｜", 128825),
     ("glm-5.1", "<|observation|>", 154829), ("glm-5.1", "<think>", 154841), ("glm-5.1", "<arg_key>", 154847),
+    ("deepseek-v3.2", "<think>", 128798), ("deepseek-v3.2", "｜DSML｜", 128793),
+    ("deepseek-v3.2", "<｜Assistant｜>", 128804), ("deepseek-v3.2", "<｜end▁of▁sentence｜>", 1),
+    ("minimax-m2.7", "<think>", 200050), ("minimax-m2.7", "</think>", 200051),
+    ("minimax-m2.7", "<minimax:tool_call>", 200052), ("minimax-m2.7", "</minimax:tool_call>", 200053),
+    ("minimax-m2.7", "]~b]", 200019), ("minimax-m2.7", "[e~[", 200020), ("minimax-m2.7", "]~!b[", 200034),
 ])
 def test_special_tokens_are_single_ids(model_id: str, token: str, token_id: int) -> None:
     assert list(tokenizer_of(model_id).encode(f"a{token}b").ids)[1] == token_id

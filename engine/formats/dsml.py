@@ -1,7 +1,9 @@
 """DeepSeek V3.2 / V4 output (DSML): `reasoning</think>content\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="x">\n
 <｜DSML｜parameter name="k" string="true|false">v</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>`.
 
-The generation prompt ends with `<think>`. The encoder wants arguments as a JSON string and re-encodes them.
+The generation prompt ends with `<think>`. V4's encoder wants arguments as a JSON string and re-encodes them. V3.2
+writes the same block named `function_calls` (its template's tools header and history), and its Jinja template
+iterates the arguments.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ DSML = "｜DSML｜"
 class DsmlFormat(OutputFormat):
     family = "dsml"
     arguments_in_history = "string"
+    block = "tool_calls"  # the DSML element around the invokes
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
         text, spans = reasoning_close_content(turn)
         if turn.tool_calls:
-            text += f"\n\n<{DSML}tool_calls>\n"
+            text += f"\n\n<{DSML}{self.block}>\n"
             invokes = []
             for call in turn.tool_calls:
                 params = "\n".join(
@@ -44,12 +47,12 @@ class DsmlFormat(OutputFormat):
             args_start = len(text) + len(f'<{DSML}invoke name="{turn.tool_calls[0].name}">\n')
             text += "\n".join(invokes)
             spans["arguments"] = (args_start, len(text))
-            text += f"\n</{DSML}tool_calls>"
+            text += f"\n</{DSML}{self.block}>"
         return finish(text, spans, k, stop_token)
 
     def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
         reasoning, content, calls_text = split_reasoning(
-            text, (f"\n\n<{DSML}tool_calls>", f"<{DSML}tool_calls>"), reasoning_open=reasoning_open)
+            text, (f"\n\n<{DSML}{self.block}>", f"<{DSML}{self.block}>"), reasoning_open=reasoning_open)
         calls = []
         for invoke in re.finditer(rf'<{DSML}invoke name="([^"]*)">\n?(.*?)(?:</{DSML}invoke>|$)', calls_text, re.S):
             args: dict = {}
@@ -66,4 +69,11 @@ class DsmlFormat(OutputFormat):
         return ParseResult(reasoning=reasoning, content=content, tool_calls=tuple(calls))
 
 
+class DsmlV32Format(DsmlFormat):
+    family = "dsml_v32"
+    arguments_in_history = "mapping"
+    block = "function_calls"
+
+
 register(DsmlFormat())
+register(DsmlV32Format())

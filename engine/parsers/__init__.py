@@ -16,7 +16,8 @@ from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
 
-__all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "get_engine", "known_engine", "list_engines"]
+__all__ = ["EngineEmulation", "RequestPrep", "engine_for_parsers", "engine_versions", "get_engine", "known_engine",
+           "list_engines"]
 
 _ENGINES: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
@@ -71,6 +72,19 @@ def get_engine(spec: str) -> EngineEmulation:
         raise ValueError(f"unknown engine {spec!r}: {problem}")
     raise ValueError(f"unknown engine {spec!r}; known: {', '.join([*_ENGINES, *_NEWEST])}, or any vllm@X / sglang@X "
                      "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
+
+
+def engine_for_parsers(engine: EngineEmulation, parsers: dict[str, str]) -> EngineEmulation:
+    """The engine that runs this parser pair: the pinned emulation when it has both names, else the same release's
+    real code (a family the emulation does not cover, e.g. vLLM 0.33.0's minimax_m2, runs from the release itself)."""
+    from engine.serving.real.backend import RealEngine
+
+    if isinstance(engine, RealEngine):
+        return engine
+    reasoning, tool = parsers.get("reasoning_parser"), parsers.get("tool_call_parser")
+    if (reasoning is None or reasoning in engine.reasoning_parsers) and (tool is None or tool in engine.tool_parsers):
+        return engine
+    return RealEngine(engine.name, engine.version)
 
 
 def known_engine(spec: object) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-# One model per distinct tokenizer file (qwen3.5 shares qwen3.6's; Kimi has none offline).
-TOKENIZER_MODELS = ("qwen3.6", "glm-5.1", "deepseek-v4", "gpt-oss")
+# One model per distinct tokenizer file (qwen3.5 shares qwen3.6's; Kimi, Llama 3.1 and Mistral have none offline).
+TOKENIZER_MODELS = ("qwen3.6", "glm-5.1", "deepseek-v4", "gpt-oss", "minimax-m2.7", "deepseek-v3.2")
 
 
 def generate() -> None:

@@ -334,12 +334,14 @@ class RealEngine(EngineEmulation):
               tools: list[dict] | None = None, stream: bool = False, chunks: list[str] | None = None,
               chat_template_kwargs: dict | None = None, history_tool_calls: int = 0, tokenizer: Any = None,
               vocab: AddedVocab | None = None, prompt_tail: list[str] | None = None,
-              force_reasoning: bool = True, trace: bool = False) -> ParseResult:
+              force_reasoning: bool = True, trace: bool = False,
+              added_tokens: dict[str, int] | None = None) -> ParseResult:
         """What the release's serving code returns for `text`; `stream=True` drives its streaming generator with
-        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`) supplies the added tokens."""
+        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`, or else its manifest's
+        `added_tokens`, all special) supplies the added tokens."""
         self._check_names(reasoning_parser, tool_parser)
         vocab = vocab or (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) \
-            or AddedVocab({}, frozenset())
+            or AddedVocab(dict(added_tokens or {}), frozenset(added_tokens or ()))
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
         if stream and chunks is None:
             chunks = default_chunks(text)
