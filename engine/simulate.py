@@ -316,13 +316,16 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
         assistant = turn.assistant
-        if model.spec.reasoning == "never" or (model.spec.reasoning == "prompt"
-                                               and not prompt_opens_reasoning(prompt.text)):
-            assistant = replace(assistant, reasoning=None)  # the model does not think here: it writes no reasoning
+        no_thinking = "it does not think" if model.spec.reasoning == "never" else \
+            "the generation prompt closes the think block" if model.spec.reasoning == "prompt" and \
+            not prompt_opens_reasoning(prompt.text) else None
+        if no_thinking and assistant.reasoning is not None:
+            assistant = replace(assistant, reasoning=None)
         try:
             completion = fmt.write(assistant, stop)
         except ValueError as err:  # the scenario asks for output this model has no place for (a cut in no reasoning)
-            raise _Unavailable(f"{model.id}: {err}") from err
+            why = f" writes no reasoning here ({no_thinking})" if no_thinking else ""
+            raise _Unavailable(f"{model.id}{why}: {err}") from err
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
             try:

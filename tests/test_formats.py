@@ -23,7 +23,7 @@ TURNS = {
 }
 # Kimi's template empties the latest final answer's reasoning unless preserve_thinking=true; the trained format is
 # the one with the reasoning, so the comparison renders with it.
-KWARGS = {"kimi-k2.6": {"preserve_thinking": True}}
+KWARGS = {"kimi-k2.6": {"preserve_thinking": True}, "deepseek-v3.2": {"thinking": True}}
 
 
 def _latest_turn_rendering(model_id: str, turn: AssistantTurn) -> tuple[str, str]:
@@ -33,7 +33,7 @@ def _latest_turn_rendering(model_id: str, turn: AssistantTurn) -> tuple[str, str
     parsed = fmt.raw_parse(completion.parser_text)
     message: dict = {"role": "assistant", "content": parsed.content or "", "reasoning_content": parsed.reasoning}
     if parsed.tool_calls:
-        message["tool_calls"] = [{"id": c.id or "call_0", "type": "function",
+        message["tool_calls"] = [{"id": c.id or fmt.client_call_id(0), "type": "function",
                                   "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
                                  for c in parsed.tool_calls]
     kwargs = {**model.spec.default_kwargs(), **KWARGS.get(model_id, {})}
@@ -48,8 +48,11 @@ def _latest_turn_rendering(model_id: str, turn: AssistantTurn) -> tuple[str, str
 @pytest.mark.parametrize("turn", list(TURNS))
 def test_canonical_output_is_what_the_template_renders_for_the_latest_turn(model_id: str, turn: str) -> None:
     written, rendered = _latest_turn_rendering(model_id, TURNS[turn])
-    if model_id.startswith("qwen"):
-        assert rendered == written + "\n"  # the template adds the newline after <|im_end|>
+    if model_id.startswith(("qwen", "minimax")):
+        assert rendered == written + "\n"  # the template adds the newline after <|im_end|> / [e~[
+    elif model_id.startswith("mistral") and turn == "tool":
+        # The model writes no call id; the template puts the client's between the name and the arguments.
+        assert rendered == written.replace("[ARGS]", "[CALL_ID]call00000[ARGS]")
     elif model_id == "glm-5.1":
         # GLM ends a turn with the next role's token (<|observation|> after a call, <|user|> after an answer): the
         # model emits it as its stop token; the template renders it as the start of the next message.
@@ -69,6 +72,7 @@ def test_canonical_output_is_what_the_template_renders_for_the_latest_turn(model
 
 
 HOSTILE_ARGS = {"city": "Zürich", "n": 1.0, "tag": "007", "ok": True, "x": None, "nest": {"a": [1, 2]}}
+HOSTILE_JSON = '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}'
 
 
 @pytest.mark.parametrize(("family", "knobs", "reasoning", "content", "arguments", "call_id"), [
@@ -93,6 +97,17 @@ HOSTILE_ARGS = {"city": "Zürich", "n": 1.0, "tag": "007", "ok": True, "x": None
      "functions.get_weather:0"),
     ("dsml", Knobs(), "Plan: call it.", "",
      '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}', None),
+    ("dsml_v32", Knobs(), "Plan: call it.", "",
+     '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}', None),
+    # MiniMax's delimiters carry the template's whitespace (`\n</think>\n\n`, `\n<minimax:tool_call>`): the split
+    # takes exactly those, so extra newlines stay the model's (the template prints a string reasoning as it is).
+    ("minimax_xml", Knobs(), "Plan: call it.", "",
+     '{"city": "Zürich", "n": "1.0", "tag": "007", "ok": "true", "x": "null", "nest": "{\\"a\\": [1, 2]}"}', None),
+    ("minimax_xml", Knobs(args_json="compact", reasoning_newlines_before=2, newlines_after_think=3),
+     "\n\nPlan: call it.", "\n",
+     '{"city": "Zürich", "n": "1.0", "tag": "007", "ok": "true", "x": "null", "nest": "{\\"a\\":[1,2]}"}', None),
+    ("minimax_xml", Knobs(truncate_in="arguments"), "Plan: call it.", "",
+     '{"city": "Zürich", "n": "1.0", "tag": "007"}', None),
     ("harmony", Knobs(), "Plan: call it.", None,
      '{"city":"Zürich","n":1.0,"tag":"007","ok":true,"x":null,"nest":{"a":[1,2]}}', None),
     ("harmony", Knobs(truncate_in="arguments"), "Plan: call it.", None, '{"city":"Zürich","n":1.0,"tag":"007",', None),
@@ -107,7 +122,7 @@ def test_raw_splitter_keeps_the_models_bytes(family: str, knobs: Knobs, reasonin
     assert [(c.name, c.arguments, c.id) for c in parsed.tool_calls] == [("get_weather", arguments, call_id)]
     assert parsed.edits == ()
     assert parsed.reasoning is not None and parsed.reasoning in completion.text
-    if family in ("qwen3_xml", "glm", "dsml"):
+    if family in ("qwen3_xml", "glm", "dsml", "dsml_v32", "minimax_xml"):
         # One tag per parameter: every value is the model's own text (DSML writes non-strings as JSON), byte for byte.
         values = json.loads(arguments).values()
         assert all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in completion.text for v in values)
@@ -115,7 +130,7 @@ def test_raw_splitter_keeps_the_models_bytes(family: str, knobs: Knobs, reasonin
         assert arguments in completion.text
 
 
-@pytest.mark.parametrize("model_id", default_model_ids())
+@pytest.mark.parametrize("model_id", [m for m in default_model_ids() if load_model(m).spec.reasoning != "never"])
 def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str) -> None:
     # The generation prompt opened the think block (harmony names the analysis channel itself), so text cut by
     # max_tokens before the reasoning closed is reasoning, byte for byte; nothing of it is content.
@@ -125,7 +140,8 @@ def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str)
                          knobs=Knobs(truncate_in="reasoning", truncate_keep=0.5))
     completion = fmt.write(turn, model.spec.stop_tokens[0])
     history = [{"role": "user", "content": "Weather in Paris?"}]
-    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=model.spec.default_kwargs())
+    kwargs = {**model.spec.default_kwargs(), **KWARGS.get(model_id, {})}  # DeepSeek V3.2 thinks only when asked
+    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=kwargs)
     from engine.formats.base import prompt_opens_reasoning
 
     parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
@@ -133,3 +149,43 @@ def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str)
     assert parsed.reasoning == "Let me think about the "
     assert parsed.content in ("", None)
     assert parsed.tool_calls == ()
+
+
+@pytest.mark.parametrize(("family", "knobs", "text", "content", "calls"), [
+    ("llama3_json", Knobs(),
+     '{"name": "get_weather", "parameters": {"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, '
+     '"nest": {"a": [1, 2]}}}<STOP>', "",
+     [("get_weather", HOSTILE_JSON, None)]),
+    # A call cut by max_tokens is no call the template could render: the text stays content, byte for byte.
+    ("llama3_json", Knobs(truncate_in="arguments"),
+     '{"name": "get_weather", "parameters": {"city": "Zürich", "n": 1.0, "tag": "007", "',
+     '{"name": "get_weather", "parameters": {"city": "Zürich", "n": 1.0, "tag": "007", "', []),
+    ("mistral", Knobs(),
+     '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, '
+     '"nest": {"a": [1, 2]}}<STOP>', "",
+     [("get_weather", HOSTILE_JSON, None)]),
+    # [TOOL_CALLS] marks a call: cut inside its arguments, they stay the model's partial text.
+    ("mistral", Knobs(truncate_in="arguments"),
+     '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "n": 1.0, "tag": "007", "', "",
+     [("get_weather", '{"city": "Zürich", "n": 1.0, "tag": "007", "', None)]),
+])
+def test_formats_of_models_that_do_not_reason_write_and_split_calls(family: str, knobs: Knobs, text: str,
+                                                                    content: str, calls: list) -> None:
+    fmt = get_format(family)
+    completion = fmt.write(AssistantTurn(None, "", (ToolCallSpec("get_weather", HOSTILE_ARGS),), knobs), "<STOP>")
+    assert completion.text == text
+    parsed = fmt.raw_parse(completion.parser_text)
+    assert (parsed.reasoning, parsed.content) == (None, content)
+    assert [(c.name, c.arguments, c.id) for c in parsed.tool_calls] == calls
+
+
+def test_llama_content_before_a_call_and_parallel_calls_split_at_their_delimiters() -> None:
+    fmt = get_format("llama3_json")
+    turn = AssistantTurn(None, "Checking both.", (ToolCallSpec("get_weather", {"city": "Paris"}),
+                                                  ToolCallSpec("get_weather", {"city": "Rome"})))
+    completion = fmt.write(turn, "<|eot_id|>")
+    assert completion.text == ('Checking both.\n\n{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                               '{"name": "get_weather", "parameters": {"city": "Rome"}}<|eot_id|>')
+    parsed = fmt.raw_parse(completion.parser_text)
+    assert parsed.content == "Checking both."
+    assert [c.arguments for c in parsed.tool_calls] == ['{"city": "Paris"}', '{"city": "Rome"}']

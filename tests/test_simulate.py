@@ -28,6 +28,10 @@ def test_bridge_always_holds(model_id: str, scenario_id: str) -> None:
         # The template refuses the conversation itself (e.g. GPT-OSS on a reasoning-only truncated turn).
         assert cell.note and "raised" in cell.note
         return
+    if cell.status == "unavailable":
+        # The scenario cuts the reply inside reasoning a model that is not thinking does not write.
+        assert scenario_id == "reasoning-truncated" and "writes no reasoning here" in cell.note
+        return
     assert cell.status == "holds"
     assert all(b.string_prefix.holds for b in cell.boundaries)
     assert all(b.token_prefix is None or b.token_prefix.holds for b in cell.boundaries)
