@@ -10,13 +10,19 @@ from engine.models import load_model
 from engine.provenance import spans
 from engine.render.jinja import JinjaRenderer
 
-JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss"]
+JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss",
+                "qwen3-coder", "qwen3-2507", "qwen2.5", "glm-4.7-flash", "deepseek-v3.1"]
 KWARG_VARIANTS = {
     "qwen3.6": [{}, {"preserve_thinking": True}, {"enable_thinking": False}],
     "qwen3.5": [{}, {"enable_thinking": True}],
     "glm-5.1": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
     "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
     "gpt-oss": [{}, {"reasoning_effort": "high"}],
+    "qwen3-coder": [{}],
+    "qwen3-2507": [{}],
+    "qwen2.5": [{}],
+    "glm-4.7-flash": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
+    "deepseek-v3.1": [{}, {"thinking": True}],
 }
 
 
