@@ -66,6 +66,7 @@ def model_ids() -> list[str]:
 # The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6,
 # then the models served most in engine and RL-framework threads (issue 20).
 DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss",
+                 "qwen3-coder", "qwen3-2507", "qwen2.5", "glm-4.7-flash", "deepseek-v3.1",
                  "minimax-m2.7", "deepseek-v3.2", "llama-3.1", "mistral-small-3.2")
 
 

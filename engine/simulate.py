@@ -14,9 +14,10 @@ from functools import lru_cache
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.formats import Completion, get_format
+from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
+from engine.parsers.base import EngineEmulation
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
@@ -256,11 +257,11 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     emulation = None
     parsers: dict[str, str] = {}
     if engine not in ("raw", "bridge"):
-        from engine.parsers import engine_for_parsers, get_engine
+        from engine.parsers import for_parsers, get_engine
 
         emulation = get_engine(engine)
         parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
-        emulation = engine_for_parsers(emulation, parsers)
+        emulation = for_parsers(emulation, parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -315,27 +316,30 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         else:
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
-        assistant = turn.assistant
-        no_thinking = "it does not think" if model.spec.reasoning == "never" else \
-            "the generation prompt closes the think block" if model.spec.reasoning == "prompt" and \
-            not prompt_opens_reasoning(prompt.text) else None
-        if no_thinking and assistant.reasoning is not None:
-            assistant = replace(assistant, reasoning=None)
-        try:
-            completion = fmt.write(assistant, stop)
-        except ValueError as err:  # the scenario asks for output this model has no place for (a cut in no reasoning)
-            why = f" writes no reasoning here ({no_thinking})" if no_thinking else ""
-            raise _Unavailable(f"{model.id}{why}: {err}") from err
+        completion = fmt.write(_as_written(model, turn.assistant, prompt.text), stop)
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
+            request = dict(reasoning_parser=parsers.get("reasoning_parser"),
+                           tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
+                           chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
+                           added_tokens=model.spec.added_tokens)
+            # SGLang forces the reasoning split when the template always thinks or the request turns thinking on:
+            # when the generation prompt opens <think>. A model of the "always" kind has it open (the real backend's
+            # default); the others say so by their prompt (DeepSeek V3.1 with thinking off does not).
+            forced = model.spec.reasoning == "always" or prompt_opens_reasoning(prompt.text)
             try:
-                tool_parser = parsers.get("tool_call_parser")
-                parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
-                                         reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
-                                         tools=scenario.tools, chat_template_kwargs=kwargs,
-                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
-                                         added_tokens=model.spec.added_tokens)
-            except (ValueError, NotImplementedError) as err:
+                try:
+                    parsed = _engine_parse(emulation, completion, request, forced)
+                except NotImplementedError:
+                    if emulation.reads_tokenizer:
+                        raise
+                    # The pinned emulation does not cover this pair (DeepSeek V3.1's deepseek_v31): the same
+                    # release's real code parses it, for this boundary and the rest of the cell.
+                    from engine.parsers import real_twin
+
+                    emulation = real_twin(emulation)
+                    parsed = _engine_parse(emulation, completion, request, forced)
+            except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
                 raise _Failed(f"{emulation.origin}: {parsed.error}", tuple(boundaries))
@@ -352,6 +356,35 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         history.append(client_message(parsed, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
+
+
+def _engine_parse(engine: EngineEmulation, completion: Completion, request: dict[str, Any],
+                  force_reasoning: bool) -> ParseResult:
+    """What the engine returns for the completion; the real backend also hears whether reasoning is forced."""
+    text = engine.output_text(completion.text, completion.stop_token, request["tool_parser"])
+    if engine.reads_tokenizer:
+        return engine.parse(text, **request, force_reasoning=force_reasoning)  # type: ignore[call-arg]
+    return engine.parse(text, **request)
+
+
+# The knobs that shape a turn's reasoning; a model that writes none there cannot run a scenario that sets them.
+_REASONING_KNOBS = ("reasoning_newlines_before", "reasoning_newlines_after", "newlines_after_think", "close_think")
+
+
+def _as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -> AssistantTurn:
+    """The scenario's turn as this model writes it after `prompt_text`: without reasoning when the model does not
+    think (manifest `reasoning = "never"`) or the prompt does not open a think block (`"prompt"`: thinking off)."""
+    mode = model.spec.reasoning
+    if turn.reasoning is None or mode == "always" or (mode == "prompt" and prompt_opens_reasoning(prompt_text)):
+        return turn
+    knobs = turn.knobs
+    varied = [name for name in _REASONING_KNOBS if getattr(knobs, name) != Knobs.__dataclass_fields__[name].default]
+    varied += ["truncate_in=reasoning"] if knobs.truncate_in == "reasoning" else []
+    if varied:
+        why = "it does not think" if mode == "never" else "its prompt does not open a think block (thinking is off)"
+        raise _Unavailable(f"{model.id} writes no reasoning here ({why}), and this scenario varies the reasoning "
+                           f"({', '.join(varied)})")
+    return replace(turn, reasoning=None)
 
 
 def _close_boundary(model, engine, history, pending, render, index, trigger, last_request) -> Boundary:

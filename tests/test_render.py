@@ -12,14 +12,20 @@ from engine.models import load_model
 from engine.provenance import spans
 from engine.render.jinja import JinjaRenderer
 
-JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss", "minimax-m2.7", "deepseek-v3.2", "llama-3.1",
-                "mistral-small-3.2"]
+JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss",
+                "qwen3-coder", "qwen3-2507", "qwen2.5", "glm-4.7-flash", "deepseek-v3.1",
+                "minimax-m2.7", "deepseek-v3.2", "llama-3.1", "mistral-small-3.2"]
 KWARG_VARIANTS = {
     "qwen3.6": [{}, {"preserve_thinking": True}, {"enable_thinking": False}],
     "qwen3.5": [{}, {"enable_thinking": True}],
     "glm-5.1": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
     "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
     "gpt-oss": [{}, {"reasoning_effort": "high"}],
+    "qwen3-coder": [{}],
+    "qwen3-2507": [{}],
+    "qwen2.5": [{}],
+    "glm-4.7-flash": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
+    "deepseek-v3.1": [{}, {"thinking": True}],
     "minimax-m2.7": [{}],
     "deepseek-v3.2": [{}, {"thinking": True}],
     "llama-3.1": [{}, {"tools_in_user_message": False}],

@@ -29,8 +29,8 @@ def test_bridge_always_holds(model_id: str, scenario_id: str) -> None:
         assert cell.note and "raised" in cell.note
         return
     if cell.status == "unavailable":
-        # The scenario cuts the reply inside reasoning a model that is not thinking does not write.
-        assert scenario_id == "reasoning-truncated" and "writes no reasoning here" in cell.note
+        # The scenario varies reasoning that a model which is not thinking does not write.
+        assert "writes no reasoning here" in cell.note
         return
     assert cell.status == "holds"
     assert all(b.string_prefix.holds for b in cell.boundaries)

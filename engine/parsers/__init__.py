@@ -5,6 +5,8 @@ Every other release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to th
 (engine/serving/real): that release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
 A parser pair other than the model's own is named after the release by the engine's CLI names:
 `vllm@0.31.0/qwen3+hermes` (`-` for none: `sglang@0.5.15/-+llama3`).
+A pinned release asked for a parser its emulation does not have (a model family without an emulation: `hermes`,
+`deepseek_v31`, …) runs that release's real code instead (`real_twin`): the same release, never another one.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
 
-__all__ = ["EngineEmulation", "RequestPrep", "engine_for_parsers", "engine_versions", "get_engine", "known_engine",
-           "list_engines"]
+__all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "for_parsers", "get_engine", "known_engine",
+           "list_engines", "real_twin"]
 
 _ENGINES: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
@@ -52,9 +54,9 @@ def get_engine(spec: str) -> EngineEmulation:
         reasoning, plus, tool = pair.partition("+")
         if not plus:
             raise ValueError(f"engine {spec!r}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
-        engine = get_engine(release)
         override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
                     "tool_call_parser": None if tool in ("", "-") else tool}
+        engine = for_parsers(get_engine(release), override["reasoning_parser"], override["tool_call_parser"])
         engine._check_names(override["reasoning_parser"], override["tool_call_parser"])
         engine.parser_override = override
         return engine
@@ -74,17 +76,21 @@ def get_engine(spec: str) -> EngineEmulation:
                      "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
 
 
-def engine_for_parsers(engine: EngineEmulation, parsers: dict[str, str]) -> EngineEmulation:
-    """The engine that runs this parser pair: the pinned emulation when it has both names, else the same release's
-    real code (a family the emulation does not cover, e.g. vLLM 0.33.0's minimax_m2, runs from the release itself)."""
+def real_twin(engine: EngineEmulation) -> EngineEmulation:
+    """The real code of `engine`'s own release (vllm@0.33.0 -> real:vllm@0.33.0), with the same parser pair."""
     from engine.serving.real.backend import RealEngine
 
-    if isinstance(engine, RealEngine):
+    twin = RealEngine(engine.name, engine.version)
+    twin.parser_override = engine.parser_override
+    return twin
+
+
+def for_parsers(engine: EngineEmulation, reasoning_parser: str | None, tool_parser: str | None) -> EngineEmulation:
+    """`engine` when it emulates this pair of CLI names; otherwise its release's real code, which has every parser
+    the release ships (and says so in one sentence when it lacks one too)."""
+    if engine.reads_tokenizer or engine.emulates(reasoning_parser, tool_parser):  # the real code, or emulated
         return engine
-    reasoning, tool = parsers.get("reasoning_parser"), parsers.get("tool_call_parser")
-    if (reasoning is None or reasoning in engine.reasoning_parsers) and (tool is None or tool in engine.tool_parsers):
-        return engine
-    return RealEngine(engine.name, engine.version)
+    return real_twin(engine)
 
 
 def known_engine(spec: object) -> str:
