@@ -316,7 +316,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         else:
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
-        completion = fmt.write(_as_written(model, turn.assistant, prompt.text), stop)
+        completion = fmt.write(turn_as_written(model, turn.assistant, prompt.text), stop)
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
             request = dict(reasoning_parser=parsers.get("reasoning_parser"),
@@ -371,7 +371,7 @@ def _engine_parse(engine: EngineEmulation, completion: Completion, request: dict
 _REASONING_KNOBS = ("reasoning_newlines_before", "reasoning_newlines_after", "newlines_after_think", "close_think")
 
 
-def _as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -> AssistantTurn:
+def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -> AssistantTurn:
     """The scenario's turn as this model writes it after `prompt_text`: without reasoning when the model does not
     think (manifest `reasoning = "never"`) or the prompt does not open a think block (`"prompt"`: thinking off)."""
     mode = model.spec.reasoning

@@ -122,7 +122,8 @@ def test_template_that_does_not_parse_is_a_clear_error() -> None:
 
 
 def test_tools_render_in_every_tool_template() -> None:
-    for model_id in JINJA_MODELS:
+    # DeepSeek V3.1's template reads no `tools` (the client writes the tool list into the system message).
+    for model_id in [m for m in JINJA_MODELS if m != "deepseek-v3.1"]:
         rendered = load_model(model_id).renderer.render([{"role": "user", "content": "x"}], TOOLS,
                                                         add_generation_prompt=True)
         assert "get_weather" in rendered.text, model_id

@@ -73,6 +73,7 @@ class DsmlV32Format(DsmlFormat):
     family = "dsml_v32"
     arguments_in_history = "mapping"
     block = "function_calls"
+    template_markers = ("｜DSML｜", "function_calls>", "invoke name=", "parameter name=")
 
 
 register(DsmlFormat())

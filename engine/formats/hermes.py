@@ -63,8 +63,8 @@ class HermesFormat(OutputFormat):
 
     def raw_parse(self, text: str, *, reasoning_open: bool = False) -> ParseResult:
         reasoning, content, calls_text = split_reasoning(text, ("<tool_call>",), reasoning_open=reasoning_open)
-        if calls_text and content.endswith("\n"):
-            content = content[:-1]  # the newline the template writes before the first call
+        if calls_text and content.strip("\n") and content.endswith("\n"):
+            content = content[:-1]  # the newline the template writes between the content and the first call
         calls = []
         for block in _CALL.finditer(calls_text):
             body = block.group(1)
