@@ -85,6 +85,27 @@ def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[i
     return text, spans
 
 
+def reasoning_newline_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`reasoning\n</think>\n\ncontent` for formats whose template renders the latest turn so after a generation
+    prompt holding `<think>\n` (Qwen3.5 / 3.6, MiniMax M2.x); the knobs change the newlines. Returns the text and the
+    spans of the reasoning and the content."""
+    k = turn.knobs
+    text = ""
+    spans: dict[str, tuple[int, int]] = {}
+    if turn.reasoning is not None:
+        text += "\n" * (0 if k.reasoning_newlines_before is None else k.reasoning_newlines_before)
+        start = len(text)
+        text += turn.reasoning
+        spans["reasoning"] = (start, len(text))
+        text += "\n" * (1 if k.reasoning_newlines_after is None else k.reasoning_newlines_after)
+        if k.close_think:
+            text += "</think>" + "\n" * (2 if k.newlines_after_think is None else k.newlines_after_think)
+    start = len(text)
+    text += turn.content
+    spans["content"] = (start, len(text))
+    return text, spans
+
+
 def finish(text: str, spans: dict[str, tuple[int, int]], knobs: Knobs, stop_token: str) -> Completion:
     """The completion as the model ends it: cut inside the part the knobs name (no stop token), else stopped."""
     if knobs.truncate_in:

@@ -18,16 +18,13 @@ from engine.formats.base import (
     OutputFormat,
     dump_value,
     finish,
+    reasoning_newline_close_content,
     register,
     split_reasoning,
 )
 from engine.types import ParseResult, ToolCall
 
 CALLS_OPEN, CALLS_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
-
-
-def _newlines(value: int | None, canonical: int) -> str:
-    return "\n" * (canonical if value is None else value)
 
 
 class MinimaxXmlFormat(OutputFormat):
@@ -37,19 +34,7 @@ class MinimaxXmlFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text = ""
-        spans: dict[str, tuple[int, int]] = {}
-        if turn.reasoning is not None:
-            text += _newlines(k.reasoning_newlines_before, 0)
-            start = len(text)
-            text += turn.reasoning
-            spans["reasoning"] = (start, len(text))
-            text += _newlines(k.reasoning_newlines_after, 1)
-            if k.close_think:
-                text += "</think>" + _newlines(k.newlines_after_think, 2)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_newline_close_content(turn)
         if turn.tool_calls:
             text += f"\n{CALLS_OPEN}\n"
             for call in turn.tool_calls:
