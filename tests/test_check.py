@@ -94,3 +94,21 @@ def test_each_added_model_checks_its_own_template(model_id: str, template: str, 
     breaks, holds = counts
     assert capsys.readouterr().out.splitlines()[-1] == \
         f"14 scenarios: {breaks}, 0 errors (the template failed to render: no PRR result), {holds}"
+
+
+@pytest.mark.parametrize(("model_id", "template", "last_line"), [
+    ("minimax-m2.7", "MiniMaxAI-MiniMax-M2.7.jinja", "10 break PRR, 0 errors (the template failed to render: no PRR "
+     "result), 4 hold"),
+    # Thinking off by default: the four scenarios that vary reasoning do not apply.
+    ("deepseek-v3.2", "deepseek-ai-DeepSeek-V3.2.jinja", "10 break PRR, 0 errors (the template failed to render: no "
+     "PRR result), 0 hold" + UNAVAILABLE),
+    # The template refuses parallel calls (one error); Mistral's refuses ids that are not 9 alphanumerics.
+    ("llama-3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja", "1 break PRR, 1 error (the template failed to render: no "
+     "PRR result), 8 hold" + UNAVAILABLE),
+    ("mistral-small-3.2", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "7 break PRR, 2 errors (the template failed "
+     "to render: no PRR result), 1 hold" + UNAVAILABLE),
+])
+def test_each_model_of_part_two_checks_its_own_template(model_id: str, template: str, last_line: str,
+                                                        capsys) -> None:
+    assert main(["check", "--model", model_id, "--template", str(TEMPLATES / template)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"14 scenarios: {last_line}"
