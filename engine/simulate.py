@@ -17,7 +17,6 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
-from engine.parsers.base import EngineEmulation
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
@@ -256,12 +255,15 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     emulation = None
     parsers: dict[str, str] = {}
+    traced = False
     if engine not in ("raw", "bridge"):
-        from engine.parsers import for_parsers, get_engine
+        from engine.parsers import parse_served, serving_engine
 
-        emulation = get_engine(engine)
-        parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
-        emulation = for_parsers(emulation, parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
+        serving = serving_engine(engine, model.spec.engine_parsers)
+        emulation, parsers = serving.engine, serving.parsers
+        # A pinned column (not an explicit release) whose parsing falls to the real code traces it, so that a cause
+        # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer).
+        traced = serving.pinned
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -323,22 +325,10 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                            tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
                            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
                            added_tokens=model.spec.added_tokens)
-            # SGLang forces the reasoning split when the template always thinks or the request turns thinking on:
-            # when the generation prompt opens <think>. A model of the "always" kind has it open (the real backend's
-            # default); the others say so by their prompt (DeepSeek V3.1 with thinking off does not).
-            forced = model.spec.reasoning == "always" or prompt_opens_reasoning(prompt.text)
+            text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
             try:
-                try:
-                    parsed = _engine_parse(emulation, completion, request, forced)
-                except NotImplementedError:
-                    if emulation.reads_tokenizer:
-                        raise
-                    # The pinned emulation does not cover this pair (DeepSeek V3.1's deepseek_v31): the same
-                    # release's real code parses it, for this boundary and the rest of the cell.
-                    from engine.parsers import real_twin
-
-                    emulation = real_twin(emulation)
-                    parsed = _engine_parse(emulation, completion, request, forced)
+                emulation, parsed = parse_served(emulation, text, request, {
+                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced})
             except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
@@ -358,13 +348,12 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     return tuple(boundaries)
 
 
-def _engine_parse(engine: EngineEmulation, completion: Completion, request: dict[str, Any],
-                  force_reasoning: bool) -> ParseResult:
-    """What the engine returns for the completion; the real backend also hears whether reasoning is forced."""
-    text = engine.output_text(completion.text, completion.stop_token, request["tool_parser"])
-    if engine.reads_tokenizer:
-        return engine.parse(text, **request, force_reasoning=force_reasoning)  # type: ignore[call-arg]
-    return engine.parse(text, **request)
+def reasoning_forced(model: LoadedModel, prompt_text: str) -> bool:
+    """Whether the real backend splits reasoning off the start of the completion. SGLang forces it when the template
+    always thinks or the request turns thinking on: when the generation prompt opens <think>. A model of the
+    "always" kind has it open (the backend's default); the others say so by their prompt (DeepSeek V3.1 with thinking
+    off does not)."""
+    return model.spec.reasoning == "always" or prompt_opens_reasoning(prompt_text)
 
 
 # The knobs that shape a turn's reasoning; a model that writes none there cannot run a scenario that sets them.

@@ -12,14 +12,17 @@ A pinned release asked for a parser its emulation does not have (a model family 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
+from engine.types import ParseResult
 
 __all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "for_parsers", "get_engine", "known_engine",
-           "list_engines", "real_twin"]
+           "list_engines", "parse_served", "real_twin", "Serving", "serving_engine"]
 
 _ENGINES: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
@@ -91,6 +94,42 @@ def for_parsers(engine: EngineEmulation, reasoning_parser: str | None, tool_pars
     if engine.reads_tokenizer or engine.emulates(reasoning_parser, tool_parser):  # the real code, or emulated
         return engine
     return real_twin(engine)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serves a model on an engine column: the engine that runs its parser pair, and the pair."""
+
+    engine: EngineEmulation
+    parsers: dict[str, str]
+    pinned: bool  # the column asked for is a pinned emulation (where its release's real code runs, it stands in)
+
+
+def serving_engine(spec: str, engine_parsers: dict[str, dict[str, str]]) -> Serving:
+    """What serves a model on the engine `spec` names: its parser pair (the one `spec` names, else the model's
+    manifest's for that engine) and the engine that runs the pair (for_parsers). ValueError for an unknown engine."""
+    asked = get_engine(spec)
+    parsers = asked.parser_override or engine_parsers.get(asked.name, {})
+    engine = for_parsers(asked, parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
+    return Serving(engine, parsers, not asked.reads_tokenizer)
+
+
+def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
+                 real_options: dict[str, Any] | None = None) -> tuple[EngineEmulation, ParseResult]:
+    """`engine.parse(text, **request)`, and the engine that parsed: a pinned emulation that has the names but does
+    not emulate the pair (NotImplementedError: DeepSeek V3.1's deepseek_v31) hands it to its release's real code,
+    which then serves the rest of the conversation. `real_options` go to the real backend only (force_reasoning,
+    trace)."""
+    def parse(serving: EngineEmulation) -> ParseResult:
+        return serving.parse(text, **request, **(real_options or {} if serving.reads_tokenizer else {}))
+
+    try:
+        return engine, parse(engine)
+    except NotImplementedError:
+        if engine.reads_tokenizer:
+            raise
+        twin = real_twin(engine)
+        return twin, parse(twin)
 
 
 def known_engine(spec: object) -> str:
