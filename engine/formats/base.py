@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from engine.errors import ExplorerError
 from engine.types import Completion, ParseResult
 
 
@@ -65,41 +66,27 @@ def dump_value(value: Any, style: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
-    """`reasoning</think>content` for formats whose canonical output has no newlines around the reasoning (GLM, Kimi,
-    DSML); the knobs add them. Returns the text and the spans of the reasoning and the content."""
+# Qwen writes `reasoning\n</think>\n\n`: no newline before the reasoning, one before </think>, two after.
+QWEN_NEWLINES = (0, 1, 2)
+
+
+def reasoning_close_content(turn: AssistantTurn, canonical: tuple[int, int, int] = (0, 0, 0)
+                            ) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`reasoning</think>content`, with `canonical` newlines before the reasoning, before `</think>` and after it
+    where the knobs leave them unset: none for GLM, Kimi and DSML; Qwen's and MiniMax's `reasoning\n</think>\n\n` is
+    (0, 1, 2). Returns the text and the spans of the reasoning and the content."""
     k = turn.knobs
+    before, after, after_think = canonical
     text = ""
     spans: dict[str, tuple[int, int]] = {}
     if turn.reasoning is not None:
-        text += "\n" * (k.reasoning_newlines_before or 0)
+        text += "\n" * (before if k.reasoning_newlines_before is None else k.reasoning_newlines_before)
         start = len(text)
         text += turn.reasoning
         spans["reasoning"] = (start, len(text))
-        text += "\n" * (k.reasoning_newlines_after or 0)
+        text += "\n" * (after if k.reasoning_newlines_after is None else k.reasoning_newlines_after)
         if k.close_think:
-            text += "</think>" + "\n" * (k.newlines_after_think or 0)
-    start = len(text)
-    text += turn.content
-    spans["content"] = (start, len(text))
-    return text, spans
-
-
-def reasoning_newline_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
-    """`reasoning\n</think>\n\ncontent` for formats whose template renders the latest turn so after a generation
-    prompt holding `<think>\n` (Qwen3.5 / 3.6, MiniMax M2.x); the knobs change the newlines. Returns the text and the
-    spans of the reasoning and the content."""
-    k = turn.knobs
-    text = ""
-    spans: dict[str, tuple[int, int]] = {}
-    if turn.reasoning is not None:
-        text += "\n" * (0 if k.reasoning_newlines_before is None else k.reasoning_newlines_before)
-        start = len(text)
-        text += turn.reasoning
-        spans["reasoning"] = (start, len(text))
-        text += "\n" * (1 if k.reasoning_newlines_after is None else k.reasoning_newlines_after)
-        if k.close_think:
-            text += "</think>" + "\n" * (2 if k.newlines_after_think is None else k.newlines_after_think)
+            text += "</think>" + "\n" * (after_think if k.newlines_after_think is None else k.newlines_after_think)
     start = len(text)
     text += turn.content
     spans["content"] = (start, len(text))
@@ -190,6 +177,26 @@ def get_format(family: str) -> OutputFormat:
         return _REGISTRY[family]
     except KeyError:
         raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def tool_call_specs(calls: Any, where: str) -> tuple[ToolCallSpec, ...]:
+    """The tool calls of an OpenAI-style assistant message (a session script's reply, a trace's response) as the
+    format writers take them: arguments as an object or a JSON object string; anything else is refused."""
+    specs = []
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(arguments, dict):
+            raise ExplorerError(f"{where}: every tool call needs function.name and function.arguments as an "
+                                f"object or a JSON object string, got {call!r:.80}")
+        specs.append(ToolCallSpec(function["name"], arguments, call.get("id")))
+    return tuple(specs)
 
 
 def with_knobs(turn: AssistantTurn, **changes: Any) -> AssistantTurn:

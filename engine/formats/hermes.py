@@ -13,11 +13,13 @@ import json
 import re
 
 from engine.formats.base import (
+    QWEN_NEWLINES,
     AssistantTurn,
     Completion,
     OutputFormat,
     dump_arguments,
     finish,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -28,10 +30,6 @@ _WRITTEN = re.compile(r'\{"name": "([^"\n]*)", "arguments": (.*)\}', re.S)  # a 
 _NAME = re.compile(r'"name":\s*"([^"\n]*)"')
 
 
-def _newlines(value: int | None, canonical: int) -> str:
-    return "\n" * (canonical if value is None else value)
-
-
 class HermesFormat(OutputFormat):
     family = "hermes"
     template_markers = ("<tool_call>", '{"name": "', '"arguments": ')
@@ -39,19 +37,7 @@ class HermesFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text = ""
-        spans: dict[str, tuple[int, int]] = {}
-        if turn.reasoning is not None:
-            text += _newlines(k.reasoning_newlines_before, 0)
-            start = len(text)
-            text += turn.reasoning
-            spans["reasoning"] = (start, len(text))
-            text += _newlines(k.reasoning_newlines_after, 1)
-            if k.close_think:
-                text += "</think>" + _newlines(k.newlines_after_think, 2)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_close_content(turn, QWEN_NEWLINES)
         for i, call in enumerate(turn.tool_calls):
             text += "\n" if i or turn.content else ""
             text += f'<tool_call>\n{{"name": "{call.name}", "arguments": '

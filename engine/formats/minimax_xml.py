@@ -13,12 +13,13 @@ import json
 import re
 
 from engine.formats.base import (
+    QWEN_NEWLINES,
     AssistantTurn,
     Completion,
     OutputFormat,
     dump_value,
     finish,
-    reasoning_newline_close_content,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -34,7 +35,7 @@ class MinimaxXmlFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text, spans = reasoning_newline_close_content(turn)
+        text, spans = reasoning_close_content(turn, QWEN_NEWLINES)  # MiniMax writes Qwen's newlines
         if turn.tool_calls:
             text += f"\n{CALLS_OPEN}\n"
             for call in turn.tool_calls:

@@ -9,12 +9,13 @@ import json
 import re
 
 from engine.formats.base import (
+    QWEN_NEWLINES,
     AssistantTurn,
     Completion,
     OutputFormat,
     dump_value,
     finish,
-    reasoning_newline_close_content,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
@@ -27,7 +28,7 @@ class Qwen3XmlFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text, spans = reasoning_newline_close_content(turn)
+        text, spans = reasoning_close_content(turn, QWEN_NEWLINES)
         for i, call in enumerate(turn.tool_calls):
             if i == 0:
                 text += "\n\n" if turn.content.strip() else ""
