@@ -40,12 +40,16 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     WithKwargs,
 )
 
-ENGINES = ("vllm", "sglang", "raw", "bridge")
+ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
 
 def _engine_parts(engine: str) -> tuple[str, str]:
     if engine in ("raw", "bridge"):
         return engine, ""
+    if engine.partition("@")[0] == "renderers":  # as asked, or renderers@<version> from evidence
+        from engine import renderers_column
+
+        return "renderers", renderers_column.version()
     from engine.parsers import get_engine
 
     emulation = get_engine(engine)
@@ -169,6 +173,8 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
+    if engine_name == "renderers":
+        return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
     try:
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides)
     except _Unavailable as err:
@@ -186,6 +192,27 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
         cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
     return CellResult(**base, status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+
+
+def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
+                    base: dict[str, Any], stop_after: int | None) -> CellResult:
+    """The `renderers` column (engine.renderers_column). No cause is attributed: the package's renderers are Python
+    ports with no template constructs to undo; the note says how each next prompt was built."""
+    from engine import renderers_column
+
+    asked = engine.partition("@")[2]
+    if asked and asked != base["engine_version"]:
+        return CellResult(**base, status=Status.UNAVAILABLE,
+                          note=f"renderers {asked[:40]} was asked for, but renderers {base['engine_version']} is the "
+                               "one installed (pinned in requirements.txt)")
+    try:
+        boundaries, note = renderers_column.roundtrip(model, scenario, kwargs, stop_after)
+    except renderers_column.Unavailable as err:
+        return CellResult(**base, status=Status.UNAVAILABLE, note=str(err))
+    except renderers_column.Failed as err:
+        return CellResult(**base, status=Status.ERROR, boundaries=err.boundaries, note=str(err))
+    status = Status.HOLDS if all(b.holds for b in boundaries) else Status.BREAKS
+    return CellResult(**base, status=status, boundaries=boundaries, note=note)
 
 
 def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | None]:
