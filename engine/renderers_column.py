@@ -376,5 +376,5 @@ def roundtrip(model: LoadedModel, scenario: Scenario, kwargs: dict[str, Any],
         messages.append(client)
         pending = (prompt, prompt_ids, prompt_messages, completion, completion_ids, _parse_result(client),
                    len(messages) - 1)
-    note = "; ".join([label, *how, *notes])
+    note = "; ".join([f"{label} as verifiers' TrainClient calls it", *how, *notes])
     return tuple(boundaries), note

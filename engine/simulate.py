@@ -182,6 +182,10 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     except _Failed as err:
         return CellResult(**base, status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
+    if engine == "bridge":  # which renderer the column used, and that it rendered no history
+        used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
+                "a synthetic closed turn, as the client sent them")
+        note = f"{used}; {note}" if note else used
     if all(b.holds for b in boundaries):
         return CellResult(**base, status=Status.HOLDS, boundaries=boundaries, note=note)
     cause = None

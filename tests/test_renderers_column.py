@@ -17,7 +17,8 @@ def test_the_column_is_in_the_default_matrix_and_names_its_release() -> None:
     cell = run_cell("qwen3.6", "tool-call", "renderers")
     data = cell_json(cell)
     assert (data["engine"], data["engine_version"], data["status"]) == ("renderers", "0.1.12", "holds")
-    assert data["note"] == "renderers 0.1.12 Qwen36Renderer; request 2 bridged (bridge_to_next_turn)"
+    assert data["note"] == (
+        "renderers 0.1.12 Qwen36Renderer as verifiers' TrainClient calls it; request 2 bridged (bridge_to_next_turn)")
     assert data["token_prefix"] == {"prev_len": 1055, "common": 1055, "holds": True}
     # Replayable by the name evidence writes (engine@version); another release is refused in one sentence.
     assert run_cell("qwen3.6", "tool-call", "renderers@0.1.12").status == "holds"
@@ -39,8 +40,9 @@ def test_a_new_user_turn_falls_back_to_a_full_render_and_breaks_where_the_templa
     cell = run_cell("qwen3.6", "next-user-turn", "renderers")
     assert cell.status == "breaks"
     assert cell.note == (
-        "renderers 0.1.12 Qwen36Renderer; request 2 bridged (bridge_to_next_turn); request 3 fell back to a full "
-        "render (bridge_to_next_turn returned None; its thinking_retention is 'tool_cycle' and a user turn is new)")
+        "renderers 0.1.12 Qwen36Renderer as verifiers' TrainClient calls it; request 2 bridged (bridge_to_next_turn); "
+        "request 3 fell back to a full render (bridge_to_next_turn returned None; its thinking_retention is "
+        "'tool_cycle' and a user turn is new)")
     bridged, rendered = cell.boundaries
     assert bridged.holds
     assert rendered.token_prefix.to_json() == {"prev_len": 1099, "common": 1009, "holds": False}
@@ -62,10 +64,10 @@ def test_where_the_port_differs_from_the_template_the_cell_says_so() -> None:
     gpt = run_cell("gpt-oss", "tool-call", "renderers")
     assert gpt.status == "holds"
     assert gpt.note == (
-        "renderers 0.1.12 GptOssRenderer; request 2 bridged (bridge_to_next_turn); request 1: its render differs "
-        "from the model's template (openai-gpt-oss-120b.jinja) at token 823 of 823: '<|channel|>' where the template "
-        "has the end; request 2: its bridge differs from what the model's template writes for the new messages at "
-        "token 863 of 883: '.' where the template has '.get'")
+        "renderers 0.1.12 GptOssRenderer as verifiers' TrainClient calls it; request 2 bridged (bridge_to_next_turn); "
+        "request 1: its render differs from the model's template (openai-gpt-oss-120b.jinja) at token 823 of 823: "
+        "'<|channel|>' where the template has the end; request 2: its bridge differs from what the model's template "
+        "writes for the new messages at token 863 of 883: '.' where the template has '.get'")
     (boundary,) = gpt.boundaries
     assert boundary.prev_prompt.text.endswith("<|start|>assistant<|channel|>analysis<|message|>")
     assert "<|start|>functions.unknown to=assistant" in boundary.next_prompt.text[len(boundary.prev_text):]

@@ -37,6 +37,8 @@ def test_the_bridge_holds_where_the_template_cannot_render_the_history() -> None
         "openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314: 'dict object' has no attribute 'content'")
     cell = run_cell("gpt-oss", "reasoning-truncated", "bridge")
     assert cell.status == "holds"
+    assert cell.note == ("append-only: the previous ids kept, the new messages rendered by openai-gpt-oss-120b.jinja "
+                         "after a synthetic closed turn, as the client sent them")
     (boundary,) = cell.boundaries
     assert boundary.string_prefix.to_json() == {"prev_len": 3861, "common": 3861, "holds": True}
     assert boundary.token_prefix.to_json() == {"prev_len": 840, "common": 840, "holds": True}
