@@ -209,16 +209,20 @@ def _template_difference(model: LoadedModel, messages: list[dict], tools: list[d
                                      add_generation_prompt=True, kwargs=kwargs)
     except RenderError as err:
         return f"request {request}: the model's template cannot render these messages ({err})"
-    real_ids = token_ids(model.tokenizer, real.text)
-    if tuple(ids) == real_ids:
+    differs = _first_difference(model.tokenizer, ids, token_ids(model.tokenizer, real.text))
+    return f"request {request}: its render differs from the model's template ({name}) at {differs}" if differs else None
+
+
+def _first_difference(tokenizer: Tokenizer, ids: Sequence[int], template_ids: Sequence[int]) -> str | None:
+    """'token N of M: <theirs> where the template has <the template's>', or None when the ids are equal."""
+    if tuple(ids) == tuple(template_ids):
         return None
-    at = common_prefix(tuple(ids), real_ids)
+    at = common_prefix(tuple(ids), tuple(template_ids))
 
     def token(seq: Sequence[int]) -> str:
-        return repr(model.tokenizer.token_text(seq[at])) if at < len(seq) else "the end"
+        return repr(tokenizer.token_text(seq[at])) if at < len(seq) else "the end"
 
-    return (f"request {request}: its render differs from the model's template ({name}) at token {at} of "
-            f"{len(real_ids)}: {token(ids)} where the template has {token(real_ids)}")
+    return f"token {at} of {len(template_ids)}: {token(ids)} where the template has {token(template_ids)}"
 
 
 def _bridge_difference(model: LoadedModel, boundary_parts: tuple, new_messages: list[dict], assistant: dict,
@@ -239,15 +243,9 @@ def _bridge_difference(model: LoadedModel, boundary_parts: tuple, new_messages: 
         return f"request {request}: the model's template cannot render the new messages ({err})"
     kept = len(prompt.text) + len(completion.text)
     template_ids = tuple(prompt_ids) + tuple(completion_ids) + token_ids(model.tokenizer, ours.text[kept:])
-    if tuple(bridged_ids) == template_ids:
-        return None
-    at = common_prefix(tuple(bridged_ids), template_ids)
-
-    def token(seq: Sequence[int]) -> str:
-        return repr(model.tokenizer.token_text(seq[at])) if at < len(seq) else "the end"
-
+    differs = _first_difference(model.tokenizer, bridged_ids, template_ids)
     return (f"request {request}: its bridge differs from what the model's template writes for the new messages at "
-            f"token {at} of {len(template_ids)}: {token(bridged_ids)} where the template has {token(template_ids)}")
+            f"{differs}") if differs else None
 
 
 def _prefilled(tokenizer: Tokenizer, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> int:
@@ -262,7 +260,7 @@ def roundtrip(model: LoadedModel, scenario: Scenario, kwargs: dict[str, Any],
               stop_after: int | None = None) -> tuple[tuple[Boundary, ...], str]:
     """The cell's boundaries and its note: which renderer, how each next prompt was built (bridged or rendered),
     and where a full render differs from the model's template."""
-    from engine.simulate import _completion_ids
+    from engine.simulate import _completion_ids, scripted_message
 
     reason = unavailable_reason(model)
     if reason:
@@ -303,11 +301,8 @@ def roundtrip(model: LoadedModel, scenario: Scenario, kwargs: dict[str, Any],
 
     for turn in scenario.turns:
         if turn.role in ("user", "tool"):
-            message: dict[str, Any] = {"role": turn.role, "content": turn.text}
-            if turn.role == "tool":
-                message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
-                call_cursor += 1
-            messages.append(message)
+            messages.append(scripted_message(turn, call_ids, call_cursor))
+            call_cursor += turn.role == "tool"
             if pending is None:
                 continue
             prompt, prompt_ids, prompt_messages, completion, completion_ids, parsed, assistant_index = pending

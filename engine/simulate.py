@@ -18,7 +18,7 @@ from engine.formats import Completion, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
-from engine.scenario import Scenario, load_scenario
+from engine.scenario import Scenario, ScriptTurn, load_scenario
 from engine.tokenize import token_ids
 from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
     Boundary,
@@ -67,6 +67,15 @@ def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: 
             {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c, cid in zip(parsed.tool_calls, call_ids)
         ]
+    return message
+
+
+def scripted_message(turn: ScriptTurn, call_ids: list[str], call_cursor: int) -> dict[str, Any]:
+    """A scenario's user or tool turn as the client sends it; a tool result answers the `call_cursor`-th call of the
+    latest assistant turn."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.text}
+    if turn.role == "tool":
+        message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
     return message
 
 
@@ -323,11 +332,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
 
     for turn in scenario.turns:
         if turn.role in ("user", "tool"):
-            message: dict[str, Any] = {"role": turn.role, "content": turn.text}
-            if turn.role == "tool":
-                message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
-                call_cursor += 1
-            history.append(message)
+            history.append(scripted_message(turn, call_ids, call_cursor))
+            call_cursor += turn.role == "tool"
             if pending is not None:
                 try:
                     boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
