@@ -167,8 +167,8 @@ def test_extending_tokenization_is_whole_string_tokenization(model_id: str) -> N
 
 def test_every_default_tokenizer_is_proven_and_kimi_would_not_be() -> None:
     assert {m: fresh(m).plan.proven for m in TOKENIZED} == {m: True for m in TOKENIZED}
-    assert set(TOKENIZED) == {"qwen3.6", "qwen3.5", "glm-5.1", "deepseek-v4", "gpt-oss", "minimax-m2.7",
-                              "deepseek-v3.2"}
+    assert set(TOKENIZED) == {"qwen3.6", "qwen3.5", "glm-5.1", "deepseek-v4", "gpt-oss", "qwen3-coder", "qwen3-2507",
+                              "qwen2.5", "glm-4.7-flash", "deepseek-v3.1", "minimax-m2.7", "deepseek-v3.2"}
     # DeepSeek has added tokens with normalized=true: proven only because its normalizer is an empty Sequence,
     # and matched in a second pass as tokenizers does.
     assert [len(ids) for _, ids in fresh("deepseek-v4").plan.passes] == [1237, 46]
