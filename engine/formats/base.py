@@ -136,6 +136,10 @@ class OutputFormat:
     # How the model's own template wants tool-call arguments in history: "mapping" (it iterates them) or
     # "string" (it prints a string as-is). The raw engine hands them over that way, losslessly.
     arguments_in_history: ClassVar[str] = "mapping"
+    # Literal strings a chat template's source contains when it renders this format's tool calls / reasoning. The zoo
+    # scan (engine/zoo.py) matches a template to the format whose markers all occur, most markers first; () never
+    # matches.
+    template_markers: ClassVar[tuple[str, ...]] = ()
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         raise NotImplementedError
