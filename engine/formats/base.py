@@ -166,5 +166,12 @@ def get_format(family: str) -> OutputFormat:
         raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
 
 
+def registered_formats() -> tuple[OutputFormat, ...]:
+    """Every output format, by family name."""
+    import engine.formats  # noqa: F401 - registers the families
+
+    return tuple(_REGISTRY[family] for family in sorted(_REGISTRY))
+
+
 def with_knobs(turn: AssistantTurn, **changes: Any) -> AssistantTurn:
     return replace(turn, knobs=replace(turn.knobs, **changes))
