@@ -145,6 +145,12 @@ def match_format(source: str) -> FormatMatch:
     return FormatMatch(None, tuple(tried))
 
 
+def _markers(family: str) -> tuple[str, ...]:
+    from engine.formats import get_format
+
+    return get_format(family).template_markers
+
+
 def base_model_of(family: str) -> str | None:
     """The model whose format, parsers, stop tokens and kwargs a template of this format borrows."""
     from engine.models import default_model_ids, load_spec
@@ -234,6 +240,7 @@ class ZooModel:
     level: str = ""
     level_note: str = ""
     refused: str = ""
+    not_recognised: str = ""  # the markers match, but the template's turns do not end as the base model's do
 
 
 def _read_source(template: ZooTemplate) -> str:
@@ -289,6 +296,14 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
     base = load_model(base_id)
     label = f"{base_id} (zoo)"
     special_tokens = special_token_vars(base.spec)
+    # The completions end in the base model's stop token; a template that never renders it closes turns otherwise
+    # (Ring's <|role_end|> with GLM's tool calls), and every boundary would break on our borrowing, not on it.
+    stop = base.spec.stop_tokens[0] if base.spec.stop_tokens else ""
+    if stop and stop not in source and not any(v == stop and k in source for k, v in special_tokens.items()):
+        return ZooModel(template, match, not_recognised=(
+            f"its tool calls are {match.family}'s ({', '.join(map(repr, _markers(match.family)))}), but it never "
+            f"renders {base_id}'s stop token {stop!r}: its turns end otherwise, so {base_id}'s completions are not "
+            "its model's"))
     try:
         prompt = probe_prompt(base_id, base.spec, source, template.file_name, special_tokens, limits, label=label,
                               worker=SANDBOX_WORKER)
@@ -347,6 +362,8 @@ def _scan(template: ZooTemplate, base: dict[str, Any], budget_s: float) -> ZooRe
     if family is None:
         return ZooResult(**base, outcome=NOT_RECOGNISED, reason=f"tried {mounted.match.not_recognised}")
     base.update(format=family, base_model=base_model_of(family))
+    if mounted.not_recognised:
+        return ZooResult(**base, outcome=NOT_RECOGNISED, reason=mounted.not_recognised)
     if mounted.refused:
         return ZooResult(**base, outcome=TEMPLATE_REFUSED, reason=mounted.refused)
     base.update(level=mounted.level, level_note=mounted.level_note)
@@ -447,7 +464,8 @@ class ZooScan:
                 lines.append(f"{r.template[:56]:<56} {r.format:<10} {r.level:<6} {r.held:>4} {r.broken:>6} "
                              f"{r.refused:>7}  {r.most_common_cause or ''}")
             else:
-                reason = f"tried {len(r.reason.split('; '))} formats" if r.outcome == NOT_RECOGNISED else r.reason
+                tried = r.outcome == NOT_RECOGNISED and r.format is None
+                reason = f"tried {len(r.reason.split('; '))} formats" if tried else r.reason
                 lines.append(f"{r.template[:56]:<56} {(r.format or '-'):<10} {'-':<6} {r.outcome}: {reason[:200]}")
         outcome = self.by_outcome()
         totals = self.totals()
@@ -547,5 +565,6 @@ def cell_for(template_name: str, scenario: str, kwargs: dict[str, Any] | None = 
 
     mounted = zoo_model(zoo_template(template_name))
     if mounted.model is None:
-        raise RenderError(mounted.refused or f"{template_name}: format not recognised ({mounted.match.not_recognised})")
+        raise RenderError(mounted.refused or mounted.not_recognised
+                          or f"{template_name}: format not recognised (tried {mounted.match.not_recognised})")
     return run_cell_with(mounted.model, scenario, ENGINE, kwargs or {}), mounted.model
