@@ -380,7 +380,7 @@ def _scan(template: ZooTemplate, base: dict[str, Any], budget_s: float) -> ZooRe
             elapsed = time.monotonic() - started
             if elapsed > budget_s and done < len(scenarios):
                 return ZooResult(**base, outcome=TEMPLATE_REFUSED,
-                                 reason=f"{template.file_name} took {elapsed:.1f} s for {done} of the "
+                                 reason=f"{template.file_name} took {elapsed:.2f} s for {done} of the "
                                         f"{len(scenarios)} scenarios, over the {budget_s:g} s budget "
                                         "(DRIFT_UPLOAD_CHECK_BUDGET_S)")
     return ZooResult(**base, outcome=SCANNED, cells=tuple(cells))
