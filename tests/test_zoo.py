@@ -249,5 +249,5 @@ def test_a_template_over_the_check_budget_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("DRIFT_UPLOAD_CHECK_BUDGET_S", "0.001")
     result = scan_template(zoo_template(GOOD))
     assert result.outcome == TEMPLATE_REFUSED and result.cells == ()
-    assert re.fullmatch(r"Qwen-Qwen3\.5-0\.8B\.jinja took \d+\.\d\d s for 1 of the 14 scenarios, over the 0\.001 s budget "
-                        r"\(DRIFT_UPLOAD_CHECK_BUDGET_S\)", result.reason), result.reason
+    assert re.fullmatch(r"Qwen-Qwen3\.5-0\.8B\.jinja took \d+\.\d\d s for 1 of the 14 scenarios, over the "
+                        r"0\.001 s budget \(DRIFT_UPLOAD_CHECK_BUDGET_S\)", result.reason), result.reason
