@@ -444,7 +444,9 @@ class ZooScan:
         return dict(Counter(r.outcome for r in self.results))
 
     def by_format(self) -> dict[str, int]:
-        return dict(sorted(Counter(r.format or NOT_RECOGNISED for r in self.results).items()))
+        """Templates per format they were scanned (or refused) as; the rest are not recognised."""
+        return dict(sorted(Counter(NOT_RECOGNISED if r.outcome == NOT_RECOGNISED else r.format or TEMPLATE_REFUSED
+                                   for r in self.results).items()))
 
     def totals(self) -> dict[str, int]:
         return {HOLDS: sum(r.held for r in self.results), BREAKS: sum(r.broken for r in self.results),
