@@ -50,9 +50,14 @@ def workspace_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def app_url(workspace_dir) -> Iterator[str]:
+def zoo_cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo-cache")
+
+
+@pytest.fixture(scope="module")
+def app_url(workspace_dir, zoo_cache_dir) -> Iterator[str]:
     port = _free_port()
-    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir)}
+    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir), "DRIFT_ZOO_CACHE": str(zoo_cache_dir)}
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -270,3 +275,38 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     broken = evidence["sessions"][1]["requests"][2]
     assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
     assert broken["window"]["first_token"] == 1013
+
+
+def test_zoo_scoreboard_search_and_a_click_opens_the_templates_cells(page, app_url, zoo_cache_dir) -> None:
+    from engine.zoo import ZooCache, run_scan, zoo_template
+
+    # The page shows what the cache holds (the full scan is the CLI's): two templates scanned for real beforehand.
+    names = ["Qwen-Qwen3.5-0.8B", "zai-org-GLM-5.1"]
+    run_scan([zoo_template(n) for n in names], cache=ZooCache(zoo_cache_dir))
+    page.goto(app_url)
+    page.get_by_role("link", name="Template zoo").click()
+    page.get_by_text("784 of 786 templates have no scan result for this code yet.").wait_for()
+    page.get_by_text("2 templates shown").wait_for()
+    page.screenshot(path=str(SHOTS / "zoo.png"), full_page=True)
+    page.get_by_label("Search templates, repos, causes").fill("glm")
+    page.keyboard.press("Enter")
+    page.get_by_text("1 templates shown").wait_for()
+    grid = page.locator("[data-testid='stDataFrame']").first
+    box = grid.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + 15, box["y"] + ROW_HEIGHT * 1.5, steps=8)  # the selection box of the only row
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("zai-org-GLM-5.1 (zai-org/GLM-5.1)").wait_for()
+    page.get_by_text("Format glm, borrowed from glm-5.1").wait_for()
+    cells = page.locator("[data-testid='stDataFrame']").nth(1)
+    cells.scroll_into_view_if_needed()
+    box = cells.bounding_box()
+    assert box is not None
+    scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
+    page.mouse.move(box["x"] + 15, box["y"] + ROW_HEIGHT * (scenarios.index("next-user-turn") + 1.5), steps=8)
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("glm-5.1+zai-org-GLM-5.1 × next-user-turn × raw: breaks").wait_for()
+    page.get_by_text("Cause: template").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "zoo-cell.png"))
