@@ -337,7 +337,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
         if not args.quiet and (done % 50 == 0 or done == total):
             print(f"zoo: {done}/{total} templates", file=sys.stderr, flush=True)
 
-    scan = run_scan(templates, jobs=args.jobs, cache=cache, progress=progress)
+    scenarios = [s for s in args.scenarios.split(",") if s] if args.scenarios else None
+    scan = run_scan(templates, scenarios=scenarios, jobs=args.jobs, cache=cache, progress=progress)
     if args.json:
         _write_json(scan.to_json(), args.json)
     if args.json != "-":
@@ -543,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--jobs", type=int, default=1, help="processes scanning at once (default 1)")
     zoo.add_argument("--template", action="append", metavar="NAME", help="only templates whose name matches this "
                      "pattern (fnmatch, e.g. 'Qwen-*'); repeatable")
+    zoo.add_argument("--scenarios", metavar="a,b", help="only these scenarios (default: every one)")
     zoo.add_argument("--cache", metavar="DIR", help="where results are kept per template sha256 (default "
                      "$DRIFT_ZOO_CACHE or ~/.cache/drift-matrix/zoo)")
     zoo.add_argument("--no-cache", action="store_true", help="scan every template again, keep nothing")

@@ -335,14 +335,16 @@ def _cell_summary(cell: Any) -> ZooCell:
     return ZooCell(cell.scenario, REFUSED, None, cell.note, string_holds)
 
 
-def scan_template(template: ZooTemplate, *, budget_s: float | None = None) -> ZooResult:
-    """One template through every scenario; never raises for anything the template does."""
+def scan_template(template: ZooTemplate, *, scenarios: tuple[str, ...] | None = None,
+                  budget_s: float | None = None) -> ZooResult:
+    """One template through every scenario (or those named); never raises for anything the template does."""
     from engine.uploads import UploadLimits
 
     started = time.monotonic()
     base = dict(template=template.name, repo=template.repo, repos=template.repos, sha256=template.sha256)
     try:
-        result = _scan(template, base, budget_s if budget_s is not None else UploadLimits.from_env().check_budget_s)
+        budget = budget_s if budget_s is not None else UploadLimits.from_env().check_budget_s
+        result = _scan(template, base, scenarios, budget)
     except ExplorerError as err:  # RenderError, UploadError: the sentence names the file
         result = ZooResult(**base, outcome=TEMPLATE_REFUSED, reason=str(err))
     except BaseException as err:  # a bug or a Rust panic (a BaseException): one template never stops the scan
@@ -353,7 +355,8 @@ def scan_template(template: ZooTemplate, *, budget_s: float | None = None) -> Zo
     return dataclasses.replace(result, seconds=round(time.monotonic() - started, 3))
 
 
-def _scan(template: ZooTemplate, base: dict[str, Any], budget_s: float) -> ZooResult:
+def _scan(template: ZooTemplate, base: dict[str, Any], scenarios: tuple[str, ...] | None,
+          budget_s: float) -> ZooResult:
     from engine.sandbox import render_scope
     from engine.scenario import scenario_ids
     from engine.simulate import run_cell_with
@@ -370,7 +373,8 @@ def _scan(template: ZooTemplate, base: dict[str, Any], budget_s: float) -> ZooRe
     base.update(level=mounted.level, level_note=mounted.level_note)
     cells = []
     started = time.monotonic()
-    scenarios = scenario_ids()
+    if scenarios is None:
+        scenarios = tuple(scenario_ids())
     with render_scope() as tripped:
         for done, scenario in enumerate(scenarios, start=1):
             cell = run_cell_with(mounted.model, scenario, ENGINE, {})
@@ -514,15 +518,25 @@ def scoreboard_rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def _scan_by_name(name: str) -> ZooResult:
+def _scan_by_name(name: str, scenarios: tuple[str, ...] | None) -> ZooResult:
     """Worker entry point: a template by name, scanned in this process."""
-    return scan_template(zoo_template(name))
+    return scan_template(zoo_template(name), scenarios=scenarios)
 
 
-def run_scan(templates: Iterable[ZooTemplate] | None = None, *, jobs: int = 1, cache: ZooCache | None = None,
-             progress: Callable[[int, int, ZooResult], None] | None = None) -> ZooScan:
-    """Scan templates (all by default) in `jobs` processes, reading and filling `cache` when given."""
-    from engine.scenario import scenario_ids
+def run_scan(templates: Iterable[ZooTemplate] | None = None, *, scenarios: Iterable[str] | None = None, jobs: int = 1,
+             cache: ZooCache | None = None, progress: Callable[[int, int, ZooResult], None] | None = None) -> ZooScan:
+    """Scan templates (all by default) through the scenarios (all by default) in `jobs` processes, reading and
+    filling `cache` when given."""
+    from engine.scenario import load_scenario, scenario_ids
+
+    chosen_scenarios = None
+    if scenarios is not None:
+        chosen_scenarios = tuple(load_scenario(s).id for s in scenarios)  # an unknown id is one sentence
+        if chosen_scenarios == tuple(scenario_ids()):
+            chosen_scenarios = None
+        elif cache is not None:
+            cache = ZooCache(cache.folder.parent, hashlib.sha256(
+                (cache.folder.name + "\0" + "\0".join(chosen_scenarios)).encode()).hexdigest())
 
     chosen = list(zoo_templates() if templates is None else templates)
     started = time.monotonic()
@@ -540,7 +554,7 @@ def run_scan(templates: Iterable[ZooTemplate] | None = None, *, jobs: int = 1, c
 
     if jobs <= 1 or len(todo) <= 1:
         for template in todo:
-            done(scan_template(template))
+            done(scan_template(template, scenarios=chosen_scenarios))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -549,7 +563,7 @@ def run_scan(templates: Iterable[ZooTemplate] | None = None, *, jobs: int = 1, c
         # Spawned, not forked: the parent may hold threads (the sandbox's spawner) that a fork would copy mid-lock.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = {pool.submit(_scan_by_name, t.name): t for t in todo}
+            futures = {pool.submit(_scan_by_name, t.name, chosen_scenarios): t for t in todo}
             for future in as_completed(futures):
                 template = futures[future]
                 try:
@@ -559,7 +573,8 @@ def run_scan(templates: Iterable[ZooTemplate] | None = None, *, jobs: int = 1, c
                                    sha256=template.sha256, outcome=TEMPLATE_REFUSED,
                                    reason=f"{template.file_name}: the scan process rendering it died"))
     ordered = tuple(results[t.name] for t in chosen)
-    return ZooScan(ordered, time.monotonic() - started, jobs, cached, len(scenario_ids()))
+    count = len(chosen_scenarios) if chosen_scenarios is not None else len(scenario_ids())
+    return ZooScan(ordered, time.monotonic() - started, jobs, cached, count)
 
 
 def cell_for(template_name: str, scenario: str, kwargs: dict[str, Any] | None = None) -> tuple[Any, Any]:
