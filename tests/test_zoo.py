@@ -71,7 +71,7 @@ def test_more_markers_win_over_fewer() -> None:
 
 
 # The subset, scanned for real: template -> (outcome, format, base model, level, {scenario: (status, cause)}).
-HELD, BROKE = "holds", "breaks"
+HELD, BROKE, NA = "holds", "breaks", "n/a"
 EXPECTED = {
     "Qwen-Qwen3.5-0.8B": (SCANNED, "qwen3_xml", "qwen3.6", "token", {
         "args-serialization": (HELD, None), "client-drops-reasoning": (BROKE, "client-dropped-field"),
@@ -89,6 +89,13 @@ EXPECTED = {
         "parallel-tool-calls": (HELD, None), "reasoning-truncated": (BROKE, "reasoning-dropped"),
         "reasoning-whitespace": (HELD, None), "tool-call": (HELD, None),
         "tool-call-id": (HELD, None), "tool-call-truncated": (BROKE, "reasoning-dropped")}),
+    # No reasoning in the template (no </think>, reasoning_content or thinking): its model does not reason.
+    "Qwen-Qwen3-Coder-30B-A3B-Instruct": (SCANNED, "qwen3_xml", "qwen3.6", "token", {
+        "args-serialization": (HELD, None), "client-drops-reasoning": (NA, None), "content-truncated": (HELD, None),
+        "implicit-think-end": (NA, None), "newline-after-think": (NA, None), "next-user-turn": (HELD, None),
+        "no-tools-next-user": (HELD, None), "noncanonical-tokens": (BROKE, "retokenised"),
+        "parallel-tool-calls": (HELD, None), "reasoning-truncated": (NA, None), "reasoning-whitespace": (NA, None),
+        "tool-call": (HELD, None), "tool-call-id": (HELD, None), "tool-call-truncated": (HELD, None)}),
     "arcee-ai-Trinity-Large-Thinking": (SCANNED, "qwen3_xml", "qwen3.6", "string", None),
     "inclusionAI-Ring-2.6-1T": (NOT_RECOGNISED, "glm", "glm-5.1", "", {}),
     "01-ai-Yi-1.5-9B-Chat": (NOT_RECOGNISED, None, None, "", {}),
@@ -114,7 +121,8 @@ def test_a_fixed_subset_scans_to_exact_outcomes(subset, name: str) -> None:
         assert {c.scenario: (c.status, c.cause) for c in result.cells} == cells
     if outcome == SCANNED:
         assert [c.scenario for c in result.cells] == scenario_ids()
-        assert result.held + result.broken + result.refused == len(scenario_ids())
+        assert result.held + result.broken + result.refused + result.count(NA) == len(scenario_ids())
+        assert result.reasons == (name != "Qwen-Qwen3-Coder-30B-A3B-Instruct")
 
 
 def test_the_subsets_sentences(subset) -> None:
@@ -218,7 +226,7 @@ def test_cli_json_counts_and_a_cached_rerun(tmp_path, capsys) -> None:
     assert (first["templates"], first["scenarios"], first["cached"]) == (2, len(scenario_ids()), 0)
     assert first["by_outcome"] == {SCANNED: 1, NOT_RECOGNISED: 1}
     assert first["by_format"] == {"format not recognised": 1, "qwen3_xml": 1}
-    assert first["cells"] == {"holds": 4, "breaks": 10, "refused": 0}
+    assert first["cells"] == {"holds": 4, "breaks": 10, "refused": 0, "n/a": 0}
     assert [r["template"] for r in first["results"]] == ["01-ai-Yi-1.5-9B-Chat", GOOD]
     assert main(argv) == 0
     second = json.loads(capsys.readouterr().out)
@@ -232,7 +240,8 @@ def test_cli_text_and_parallel_jobs_give_the_same_results(tmp_path, capsys) -> N
     assert lines[1].split() == [GOOD, "qwen3_xml", "token", "4", "10", "0", "reasoning-dropped"]
     assert lines[2].split() == ["zai-org-GLM-5.1", "glm", "token", "5", "9", "0", "reasoning-dropped"]
     assert lines[4] == "2 templates × 14 scenarios (raw engine): 2 scanned, 0 format not recognised, 0 refused"
-    assert lines[6] == "scenario cells: 9 hold, 19 break, 0 refused"
+    assert lines[6] == ("scenario cells: 9 hold, 19 break, 0 refused, 0 n/a (about reasoning, for 0 templates that "
+                        "render none)")
     assert lines[7].endswith("with 2 jobs (0 from the cache)")
 
 
