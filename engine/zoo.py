@@ -149,6 +149,18 @@ def match_format(source: str) -> FormatMatch:
     return FormatMatch(None, tuple(tried))
 
 
+@cache
+def _base_opens_reasoning(base_id: str) -> bool:
+    """Whether the base model's own generation prompt ends inside an open think block (its writer's completions
+    then start with the reasoning, no <think>)."""
+    from engine.formats.base import prompt_opens_reasoning
+    from engine.models import load_spec, special_token_vars
+    from engine.uploads import probe_prompt
+
+    spec = load_spec(base_id)
+    return prompt_opens_reasoning(probe_prompt(base_id, spec, None, None, special_token_vars(spec), None))
+
+
 def _markers(family: str) -> tuple[str, ...]:
     from engine.formats import get_format
 
@@ -313,6 +325,7 @@ def _tokenizer_level(prompt: str, base: Any, special_tokens: dict[str, str]) -> 
 def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
     """The template mounted on the base model of its format, as an upload is (sandboxed renderer, the base's
     special-token variables), with the base's tokenizer only where it is verified to be the template's."""
+    from engine.formats.base import prompt_opens_reasoning
     from engine.models import load_model, special_token_vars
     from engine.render.cache import CachedRenderer
     from engine.sandbox import SandboxedRenderer
@@ -341,6 +354,11 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
                               worker=SANDBOX_WORKER)
     except UploadError as err:
         return ZooModel(template, match, refused=str(err))
+    reasons = any(marker in source for marker in REASONING_MARKERS)
+    if reasons and _base_opens_reasoning(base_id) and not prompt_opens_reasoning(prompt):
+        return ZooModel(template, match, not_recognised=(
+            f"its tool calls are {match.family}'s, but its generation prompt does not open the think block as "
+            f"{base_id}'s does (its model writes <think> itself), so {base_id}'s completions are not its model's"))
     level, note = _tokenizer_level(prompt, base, special_tokens)
     renderer = CachedRenderer(SandboxedRenderer(source, model=label, source_path=template.file_name,
                                                 special_tokens=special_tokens, limits=limits, worker=SANDBOX_WORKER))
@@ -352,7 +370,6 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
         base, spec=spec, renderer=renderer, asset_hashes=hashes,
         tokenizer=base.tokenizer if level == "token" else None,
         tokenizer_unavailable=None if level == "token" else f"string level: {note}")
-    reasons = any(marker in source for marker in REASONING_MARKERS)
     return ZooModel(template, match, model, level, note, reasons=reasons)
 
 

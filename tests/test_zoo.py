@@ -98,6 +98,7 @@ EXPECTED = {
         "tool-call": (HELD, None), "tool-call-id": (HELD, None), "tool-call-truncated": (HELD, None)}),
     "arcee-ai-Trinity-Large-Thinking": (SCANNED, "qwen3_xml", "qwen3.6", "string", None),
     "inclusionAI-Ring-2.6-1T": (NOT_RECOGNISED, "glm", "glm-5.1", "", {}),
+    "zai-org-GLM-4.5-Air": (NOT_RECOGNISED, "glm", "glm-5.1", "", {}),
     "01-ai-Yi-1.5-9B-Chat": (NOT_RECOGNISED, None, None, "", {}),
 }
 
@@ -136,6 +137,10 @@ def test_the_subsets_sentences(subset) -> None:
     assert subset["inclusionAI-Ring-2.6-1T"].reason == (
         "its tool calls are glm's ('<tool_call>', '<arg_key>', '<arg_value>'), but it never renders glm-5.1's "
         "stop token '<|user|>': its turns end otherwise, so glm-5.1's completions are not its model's")
+    # GLM-4.5's generation prompt leaves <think> to the model; GLM-5.1's opens it, and its writer starts inside.
+    assert subset["zai-org-GLM-4.5-Air"].reason == (
+        "its tool calls are glm's, but its generation prompt does not open the think block as glm-5.1's does (its "
+        "model writes <think> itself), so glm-5.1's completions are not its model's")
     assert subset["01-ai-Yi-1.5-9B-Chat"].reason.startswith("tried ")
     assert "qwen3_xml (no '<tool_call>', '<function=', '<parameter=')" in subset["01-ai-Yi-1.5-9B-Chat"].reason
 
