@@ -50,6 +50,14 @@ def first_transition(template: Template, shape) -> str:
     return f"fail ({kind})"
 
 
+def _relation(ours: str, theirs: str) -> str:
+    if ours == "refused":
+        return "we refuse"
+    if theirs.startswith("skip"):
+        return "chatlint cannot render"
+    return "agree" if (ours == "holds") == (theirs == "pass") else "DISAGREE"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", help="the zoo cache (default: $DRIFT_ZOO_CACHE or ~/.cache/drift-matrix/zoo)")
@@ -81,9 +89,8 @@ def main() -> int:
     for (scenario, shape) in PAIRS:
         print(f"## {scenario} (ours, boundary 1) vs {shape} (chatlint, snapshot 0 -> 1)")
         for row in report[scenario]:
-            agree = (row["ours"] == "holds") == (row["chatlint"] == "pass")
             print(f"{row['templates']:>4}  ours {row['ours']:<8} chatlint {row['chatlint']:<26} "
-                  f"{'agree' if agree else 'DISAGREE'}  e.g. {'; '.join(row['examples'])}")
+                  f"{_relation(row['ours'], row['chatlint'])}  e.g. {'; '.join(row['examples'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
