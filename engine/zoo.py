@@ -322,9 +322,10 @@ def _tokenizer_level(prompt: str, base: Any, special_tokens: dict[str, str]) -> 
     return "token", f"the {spec.id} tokenizer: {shown} are each one added token of it"
 
 
-def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
+def zoo_model(template: ZooTemplate, *, limits: Any = None, worker: str | None = SANDBOX_WORKER) -> ZooModel:
     """The template mounted on the base model of its format, as an upload is (sandboxed renderer, the base's
-    special-token variables), with the base's tokenizer only where it is verified to be the template's."""
+    special-token variables), with the base's tokenizer only where it is verified to be the template's. `worker`:
+    the sandbox worker to render in (None: one of the template's own, as the web app renders uploads)."""
     from engine.formats.base import prompt_opens_reasoning
     from engine.models import load_model, special_token_vars
     from engine.render.cache import CachedRenderer
@@ -351,7 +352,7 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
             "its model's"))
     try:
         prompt = probe_prompt(base_id, base.spec, source, template.file_name, special_tokens, limits, label=label,
-                              worker=SANDBOX_WORKER)
+                              worker=worker)
     except UploadError as err:
         return ZooModel(template, match, refused=str(err))
     reasons = any(marker in source for marker in REASONING_MARKERS)
@@ -361,7 +362,7 @@ def zoo_model(template: ZooTemplate, *, limits: Any = None) -> ZooModel:
             f"{base_id}'s does (its model writes <think> itself), so {base_id}'s completions are not its model's"))
     level, note = _tokenizer_level(prompt, base, special_tokens)
     renderer = CachedRenderer(SandboxedRenderer(source, model=label, source_path=template.file_name,
-                                                special_tokens=special_tokens, limits=limits, worker=SANDBOX_WORKER))
+                                                special_tokens=special_tokens, limits=limits, worker=worker))
     spec = dataclasses.replace(base.spec, id=f"{base_id}+{template.name}",
                                display_name=f"{base.spec.display_name} + {template.name}")
     hashes = {k: v for k, v in base.asset_hashes.items() if k != "encoder"}
@@ -639,7 +640,7 @@ def cell_for(template_name: str, scenario: str, kwargs: dict[str, Any] | None = 
     """(the full CellResult, the mounted LoadedModel) of one zoo template and scenario, for the page's detail."""
     from engine.simulate import run_cell_with
 
-    mounted = zoo_model(zoo_template(template_name))
+    mounted = zoo_model(zoo_template(template_name), worker=None)
     if mounted.model is None:
         raise RenderError(mounted.refused or mounted.not_recognised
                           or f"{template_name}: format not recognised (tried {mounted.match.not_recognised})")
