@@ -182,7 +182,8 @@ class ZooCell:
     """One scenario of one template, summarised (the page recomputes the full cell on a click)."""
 
     scenario: str
-    status: str  # holds | breaks | refused (the template failed on a later request; no PRR result) | n/a
+    status: str  # holds | breaks | refused (the template failed on a later request; no PRR result) | n/a (does not
+    # apply: a scenario about reasoning for a model that does not reason)
     cause: str | None = None  # the cause kind of a break (engine.types.CAUSE_KINDS)
     detail: str | None = None  # where and what, one line; for refused, the template's error
     string_holds: bool | None = None  # every boundary holds as a string (None: no boundary computed)
@@ -382,6 +383,8 @@ def _cell_summary(cell: Any) -> ZooCell:
         cause = cell.cause
         detail = f"{cause.stage} {cause.location}: {cause.changed}" if cause else None
         return ZooCell(cell.scenario, BREAKS, cause.kind if cause else None, detail, string_holds)
+    if cell.status == "unavailable":  # the cell does not apply (e.g. a reasoning scenario for a model that does not
+        return ZooCell(cell.scenario, NOT_APPLICABLE, None, cell.note, string_holds)  # think), not a failure
     return ZooCell(cell.scenario, REFUSED, None, cell.note, string_holds)
 
 
@@ -538,8 +541,8 @@ class ZooScan:
                      f"{outcome.get(TEMPLATE_REFUSED, 0)} refused")
         lines.append("templates per format: " + ", ".join(f"{k} {v}" for k, v in self.by_format().items()))
         lines.append(f"scenario cells: {totals[HOLDS]} hold, {totals[BREAKS]} break, {totals[REFUSED]} refused, "
-                     f"{totals[NOT_APPLICABLE]} n/a (about reasoning, for "
-                     f"{sum(not r.reasons for r in self.results if r.outcome == SCANNED)} templates that render none)")
+                     f"{totals[NOT_APPLICABLE]} n/a (about reasoning, for a model that does not reason; "
+                     f"{sum(not r.reasons for r in self.results if r.outcome == SCANNED)} templates render none)")
         lines.append(f"wall time {self.wall_s:.1f} s with {self.jobs} job{'s' if self.jobs != 1 else ''} "
                      f"({self.cached} from the cache)")
         return "\n".join(lines)

@@ -245,8 +245,8 @@ def test_cli_text_and_parallel_jobs_give_the_same_results(tmp_path, capsys) -> N
     assert lines[1].split() == [GOOD, "qwen3_xml", "token", "4", "10", "0", "reasoning-dropped"]
     assert lines[2].split() == ["zai-org-GLM-5.1", "glm", "token", "5", "9", "0", "reasoning-dropped"]
     assert lines[4] == "2 templates × 14 scenarios (raw engine): 2 scanned, 0 format not recognised, 0 refused"
-    assert lines[6] == ("scenario cells: 9 hold, 19 break, 0 refused, 0 n/a (about reasoning, for 0 templates that "
-                        "render none)")
+    assert lines[6] == ("scenario cells: 9 hold, 19 break, 0 refused, 0 n/a (about reasoning, for a model that does "
+                        "not reason; 0 templates render none)")
     assert lines[7].endswith("with 2 jobs (0 from the cache)")
 
 
