@@ -121,7 +121,8 @@ def main() -> None:
         return
     if missing:
         st.info(f"{len(missing)} of {len(results) + len(missing)} templates have no scan result for this code yet.")
-        if st.button(f"Scan the {len(missing)} missing templates", key="zoo:scan"):
+        # A visitor's click costs the server minutes of CPU: only where the operator lets visitors write.
+        if not Workspace().read_only and st.button(f"Scan the {len(missing)} missing templates", key="zoo:scan"):
             _scan_missing(cache, missing)
             st.rerun()
     if not results:

@@ -287,6 +287,8 @@ def test_zoo_scoreboard_search_and_a_click_opens_the_templates_cells(page, app_u
     page.get_by_role("link", name="Template zoo").click()
     page.get_by_text("784 of 786 templates have no scan result for this code yet.").wait_for()
     page.get_by_text("2 templates shown").wait_for()
+    page.locator("[data-testid='stDataFrame']").first.wait_for()
+    page.wait_for_timeout(1500)  # the grid draws its rows on a canvas after it appears
     page.screenshot(path=str(SHOTS / "zoo.png"), full_page=True)
     page.get_by_label("Search templates, repos, causes").fill("glm")
     page.keyboard.press("Enter")
