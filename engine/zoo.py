@@ -8,18 +8,23 @@ For each template:
    qwen3_xml's `<tool_call>` + `<function=` + `<parameter=` wins over a format with `<tool_call>` alone); none:
    "format not recognised", with what each format missed;
 2. its base model is the first model of that format (engine.models.default_model_ids); the template borrows the
-   base's special-token variables, stop token and default kwargs, as `python -m engine check --model M --template F`
-   does; the basic conversation must render (engine.uploads.probe_prompt), else the template is refused;
+   base's special-token variables, stop token, writer and default kwargs, as `python -m engine check --model M
+   --template F` does. Borrowing needs the template to close turns with the base's stop token and, if it renders
+   reasoning, to open the think block in its generation prompt where the base's does; otherwise it is "format not
+   recognised" with that sentence. The basic conversation must render (engine.uploads.probe_prompt), else the
+   template is refused;
 3. token level only where the base model's tokenizer is verified to be this template's: every special token the
    template emits in the basic conversation is one added token of it (engine.uploads.special_token_candidates);
    otherwise string level, with the sentence saying which marker it lacks;
 4. every scenario at the `raw` engine (the template alone), in the sandbox (engine.sandbox) under its render limits;
-   a template that hits a limit, crashes, or takes longer than the upload check budget is refused with one sentence,
-   and the scan goes on.
+   a template that renders no reasoning (REASONING_MARKERS) is played by a model that does not reason, and the
+   scenarios about reasoning are n/a; a template that hits a limit, crashes, or takes longer than the upload check
+   budget is refused with one sentence, and the scan goes on.
 
 Results are cached per template sha256 under a fingerprint of the engine's code, the scenarios and the model
 manifests (`DRIFT_ZOO_CACHE`, default ~/.cache/drift-matrix/zoo), so a re-run only scans what changed.
-API: `zoo_templates`, `match_format`, `scan_template`, `zoo_model`, `run_scan` -> `ZooScan`.
+API: `zoo_templates`, `match_format`, `scan_template`, `zoo_model`, `run_scan` -> `ZooScan`, `cached_results`,
+`scoreboard_rows`, `cell_for` (the page's detail).
 """
 
 from __future__ import annotations
@@ -383,8 +388,9 @@ def _cell_summary(cell: Any) -> ZooCell:
         cause = cell.cause
         detail = f"{cause.stage} {cause.location}: {cause.changed}" if cause else None
         return ZooCell(cell.scenario, BREAKS, cause.kind if cause else None, detail, string_holds)
-    if cell.status == "unavailable":  # the cell does not apply (e.g. a reasoning scenario for a model that does not
-        return ZooCell(cell.scenario, NOT_APPLICABLE, None, cell.note, string_holds)  # think), not a failure
+    if cell.status == "unavailable":
+        # The cell does not apply (a reasoning scenario for a model that does not think): no failure of the template.
+        return ZooCell(cell.scenario, NOT_APPLICABLE, None, cell.note, string_holds)
     return ZooCell(cell.scenario, REFUSED, None, cell.note, string_holds)
 
 
