@@ -24,6 +24,13 @@ def normalised(result) -> dict | None:
                            for c in result.tool_calls]}
 
 
+def request_kwargs(engine: str, family: str) -> dict | None:
+    """The request's chat_template_kwargs for a corpus case. The corpus's DeepSeek prompts end in <think>: the request
+    that renders them asks for thinking, and SGLang's recipe path (>= 0.5.18) reads that flag from the request
+    (serving_chat.py _thinking_requested; SGLANG_DEFAULT_THINKING is off), so the SGLang cases carry it."""
+    return {"thinking": True} if engine == "sglang" and family == "deepseek_v4" else None
+
+
 def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
     family = corpus.FAMILIES[case["family"]]
     recipe = engine.name == "sglang" and family.name == "deepseek_v4"
@@ -35,13 +42,8 @@ def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
     special = ((model_vocab.special & set(merged)) - set(family.special_tokens)) | \
         (set(family.special_tokens) - family.not_special)
     vocab = AddedVocab(ids, frozenset(special), model_vocab.tokenizer_json if recipe else None)
-    kwargs = case["chat_template_kwargs"]
-    if recipe and kwargs is None:
-        # the corpus's DeepSeek prompts end in <think>: the request that renders them asks for thinking, and the
-        # recipe path reads that flag from the request (serving_chat.py _thinking_requested)
-        kwargs = {"thinking": True}
     return engine.parse(case["text"], reasoning_parser=case["reasoning_parser"], tool_parser=case["tool_parser"],
-                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=kwargs,
+                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=case["chat_template_kwargs"],
                         history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail,
                         trace=trace, stream=case["mode"] == "st")
 

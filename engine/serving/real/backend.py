@@ -129,7 +129,8 @@ class Worker:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
             assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(request, ensure_ascii=False) + "\n")
+            # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
+            self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             return self._read(timeout_s, request.get("op", "answer"))
 
