@@ -153,3 +153,23 @@ def test_timeline_command_prints_every_release_and_marks_the_change(capsys):
     payload = json.loads(capsys.readouterr().out)
     assert [(r["release"], r["status"], r["changed"]) for r in payload["releases"]] == [
         ("sglang@0.5.12", "holds", False), ("sglang@0.5.12.post1", "holds", False), ("sglang@0.5.13", "holds", True)]
+
+
+def test_releases_trace_where_cheap_and_cite_lines_they_executed():
+    need("sglang@0.5.12", "vllm@0.24.0")
+    from engine.serving.real.backend import AddedVocab, RealEngine
+
+    vocab = AddedVocab(QWEN_VOCAB, frozenset())
+    sglang = RealEngine("sglang", "0.5.12")
+    result = sglang.parse(ANSWER_AROUND_CALL, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS,
+                          vocab=vocab)
+    # reasoning_parser.py:101 `reasoning_text = splits[0]` is one expression into a new local (a "set" edit)
+    assert [(e.step, e.location.path, e.location.line, e.after) for e in result.edits] == [
+        ("reasoning: reasoning_text", "sglang/srt/parser/reasoning_parser.py", 101, "hmm\n"),
+        ("content: text", "sglang/srt/entrypoints/openai/serving_chat.py", 1178, "Sure.\n")]
+    assert all(e.location.line in sglang.last_trace["lines"][e.location.path] for e in result.edits)
+    # vLLM >= 0.21's parser engine makes a traced parse cost tens of milliseconds: off unless asked
+    vllm = RealEngine("vllm", "0.24.0")
+    assert vllm.parse(ANSWER_AROUND_CALL, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS,
+                      vocab=vocab).edits == ()
+    assert vllm.last_trace is None

@@ -2,8 +2,10 @@
 
 `sys.settrace` with line events restricted to files under the release root: for each executed line it compares
 the frame's string locals with their values at the previous line of that frame and records an edit
-(`file:line`, variable, before, after) when one changed. Non-string edits (a dropped call, `None`, a type change)
-are recorded as type changes of a local. Python 3.11 has no sys.monitoring; the cost is a few milliseconds a parse
+(`file:line`, variable, before, after) when one changed. A string that one expression produced into a new local, or
+into one that held None (`reasoning_text, text, ... = parse(...)`, `x = text.strip()` on its first assignment), is a
+"set" edit (no before). Non-string edits (a dropped call, `None`, a type change) are recorded as type changes of a
+local. Python 3.11 has no sys.monitoring; the cost is a few milliseconds a parse
 for SGLang and vLLM <= 0.20, more for vLLM's grammar engine (>= 0.25): trace only when asked.
 """
 
@@ -36,9 +38,14 @@ class Tracer:
                 line, before = previous
                 for name, value in now.items():
                     old = before.get(name, _MISSING)
-                    if old is _MISSING or old is value:
+                    if old is value:
                         continue
-                    if isinstance(value, str) and isinstance(old, str) and old != value:
+                    if isinstance(value, str) and value and (old is _MISSING or old is None):
+                        self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                                           "before": None, "after": value[:200], "kind": "set"})
+                    elif old is _MISSING:
+                        continue
+                    elif isinstance(value, str) and isinstance(old, str) and old != value:
                         self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
                                            "before": old[:200], "after": value[:200], "kind": "string"})
                     elif type(old) is not type(value) and (old is None or value is None or isinstance(old, str)):
