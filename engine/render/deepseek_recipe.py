@@ -18,7 +18,8 @@ prompt in order, and those characters belong to that message; everything else is
 No encoder lines are known (deepseek-recipe is compiled), so `source_line` is 0.
 
 For the per-engine renderer table (engine/simulate.py `render()`): this is the renderer of DeepSeek V4 on
-sglang@0.5.23 (`RELEASE`, `MODEL_ID`); SGLang from 0.5.18 serves V4 through the recipe too (pass `release`).
+sglang@0.5.23 (`RELEASE`, `MODEL_ID`), the first SGLang release that imports deepseek-recipe (0.5.18-0.5.22 render
+V4 through their bundled encoding_dsv4.py and parse it with the DSML parser classes).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Every case goes through the real-engine backend (engine/serving/real: the release's Python sources fetched from
 PyPI into the engine cache, run in a sandboxed worker): vLLM's chat_completion_full_generator and streaming generator,
-SGLang's _build_chat_response and _generate_chat_stream, with the parsers, serving-layer rules and (SGLang >= 0.5.18,
+SGLang's _build_chat_response and _generate_chat_stream, with the parsers, serving-layer rules and (SGLang 0.5.23,
 DeepSeek V4) the deepseek-recipe path that release's server runs. The expected values are what a client of that
 server receives, not what the parser classes return on their own (the earlier oracle's hand-written glue differed
 from the serving code in 32 cases: SGLang 0.5.23 parses DeepSeek V4 through deepseek-recipe, and SGLang 0.5.12's

@@ -26,7 +26,7 @@ def normalised(result) -> dict | None:
 
 def request_kwargs(engine: str, family: str) -> dict | None:
     """The request's chat_template_kwargs for a corpus case. The corpus's DeepSeek prompts end in <think>: the request
-    that renders them asks for thinking, and SGLang's recipe path (>= 0.5.18) reads that flag from the request
+    that renders them asks for thinking, and SGLang 0.5.23's recipe path reads that flag from the request
     (serving_chat.py _thinking_requested; SGLANG_DEFAULT_THINKING is off), so the SGLang cases carry it."""
     return {"thinking": True} if engine == "sglang" and family == "deepseek_v4" else None
 
@@ -57,7 +57,7 @@ FAMILY_MODELS = {"qwen3": "qwen3.6", "glm": "glm-5.1", "deepseek_v4": "deepseek-
 def _model_vocab(family: str) -> AddedVocab:
     """The family's real tokenizer's added tokens (older releases look up tokens the corpus's short list lacks, e.g.
     GLM's <|assistant|>); the corpus's own tokens and flags win where both name one. Its tokenizer.json also serves
-    SGLang >= 0.5.18, which sends DeepSeek V4 output through its recipe encoder and tokenizes with it."""
+    SGLang 0.5.23, which sends DeepSeek V4 output through deepseek-recipe and tokenizes with it."""
     from engine.models import load_model
 
     if family not in FAMILY_MODELS:

@@ -38,6 +38,7 @@ from engine.types import Edit, Location, ParseResult, ToolCall
 
 ROOT = Path(__file__).resolve().parents[3]
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
+RECIPE_PARSERS = frozenset({"deepseekv4", "deepseek-v4", "deepseekv41", "deepseek-v41"})
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class AddedVocab:
     ids: dict[str, int]
     special: frozenset[str]
     # The model's whole tokenizer.json (a file in the engine cache), for serving code that tokenizes itself
-    # (SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder); the worker then uses real ids.
+    # (SGLang 0.5.23 sends DeepSeek V4 output through deepseek-recipe); the worker then uses real ids.
     tokenizer_json: str | None = None
 
     @classmethod
@@ -351,8 +352,13 @@ class RealEngine(EngineEmulation):
         self._check_names(reasoning_parser, tool_parser)
         if trace is None:
             trace = self.traces_cheaply
-        vocab = vocab or (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) \
-            or AddedVocab({}, frozenset())
+        if vocab is None and tokenizer is not None:
+            vocab = AddedVocab.from_tokenizer(tokenizer)
+            if vocab is not None and not self.tokenizes_output(reasoning_parser, tool_parser):
+                # the text parsers look up added tokens only: loading the whole tokenizer.json in a fresh worker
+                # (about a second for Qwen's) would be most of a cold cell
+                vocab = AddedVocab(vocab.ids, vocab.special)
+        vocab = vocab or AddedVocab({}, frozenset())
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
         if stream and chunks is None:
             chunks = default_chunks(text)
@@ -380,6 +386,12 @@ class RealEngine(EngineEmulation):
             edits = traced_edits(self.origin, text, result, self.last_trace)
         return ParseResult(result["reasoning"], result["content"], calls, edits,
                            warnings=tuple(reply.get("warnings", ())))
+
+    def tokenizes_output(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
+        """Whether this release's serving code turns the output into token ids with the model's own tokenizer for these
+        parsers: SGLang 0.5.23's deepseek-recipe path (chat_encoding_adapters.py ADAPTER_OUTPUT_PARSERS; earlier SGLang
+        releases get the real ids too and do not need them)."""
+        return self.name == "sglang" and (tool_parser in RECIPE_PARSERS or reasoning_parser in RECIPE_PARSERS)
 
     @property
     def traces_cheaply(self) -> bool:
