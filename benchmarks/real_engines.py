@@ -209,13 +209,16 @@ def bench(model: str, scenario: str, repeat: int) -> dict:
     vocab = AddedVocab(dict(corpus.FAMILIES["qwen3"].special_tokens), frozenset())
     for spec in ("vllm@0.33.0", "vllm@0.20.2", "sglang@0.5.23", "sglang@0.5.12"):
         engine = RealEngine(*spec.split("@"))
-        engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
-        times = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
-            times.append((time.perf_counter() - started) * 1000)
-        figures[f"warm_parse_ms {spec}"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
+        for trace, name in ((False, "warm_parse_ms"), (True, "warm_traced_parse_ms")):
+            engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab,
+                         trace=trace)
+            times = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab,
+                             trace=trace)
+                times.append((time.perf_counter() - started) * 1000)
+            figures[f"{name} {spec}"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
     for engine_name in ("vllm", "sglang"):
         versions = [r.version for r in fetch.list_releases(engine_name)]
         backend.stop_workers()

@@ -6,7 +6,8 @@ the frame's string locals with their values at the previous line of that frame a
 into one that held None (`reasoning_text, text, ... = parse(...)`, `x = text.strip()` on its first assignment), is a
 "set" edit (no before). Non-string edits (a dropped call, `None`, a type change) are recorded as type changes of a
 local. Python 3.11 has no sys.monitoring; the cost is a few milliseconds a parse
-for SGLang and vLLM <= 0.20, more for vLLM's grammar engine (>= 0.25): trace only when asked.
+for SGLang and vLLM <= 0.20, tens for vLLM's parser engine (>= 0.21): the backend traces by default only where it
+is cheap (RealEngine.traces_cheaply).
 """
 
 from __future__ import annotations
