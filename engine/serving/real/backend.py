@@ -395,9 +395,10 @@ class RealEngine(EngineEmulation):
 
     @property
     def traces_cheaply(self) -> bool:
-        """Whether the tracer costs this release a few milliseconds a parse (measured median, qwen3 + qwen3_coder, one
-        call: SGLang 0.5.23 0.6 -> 8 ms, vLLM 0.20.2 1.0 -> 11 ms) rather than tens (vLLM 0.24.0 1.9 -> 40 ms, 0.25.1
-        1.3 -> 37 ms: its parser engine runs about 1,300 lines a parse), so a cell's cause can cite executed lines."""
+        """Whether the tracer costs this release tens of milliseconds a parse at most (median of 15, qwen3 +
+        qwen3_coder, one call, load 7-8 from other work: SGLang 0.5.23 0.85 -> 26 ms, vLLM 0.20.2 1.0 -> 19 ms) rather
+        than a hundred (vLLM 0.24.0 3.8 -> 106 ms, 0.25.1 3.9 -> 130 ms: its parser engine runs about 1,300 lines a
+        parse), so a cell's cause can cite executed lines."""
         return self.name == "sglang" or fetch.Version(self.version) < fetch.Version("0.21")
 
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
