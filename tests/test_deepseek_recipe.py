@@ -93,3 +93,14 @@ def test_the_parse_is_the_releases_own_and_cites_an_executed_line(model):
     assert {(e.step.split(":")[0], e.location.path, e.location.line) for e in result.edits} == {
         ("reasoning", "sglang/srt/parser/deepseek_recipe_output.py", 202),
         ("content", "sglang/srt/entrypoints/openai/serving_chat.py", 2923)}
+
+
+def test_timeline_shows_the_recipe_arriving_at_0_5_23():
+    require_release("sglang@0.5.22", "sglang@0.5.23")
+    from engine.timeline import timeline
+
+    rows = timeline("deepseek-v4", "reasoning-whitespace", "sglang", first="0.5.22", last="0.5.23")
+    assert [(r.release, r.status, r.changed) for r in rows] == [
+        ("sglang@0.5.22", "holds", False), ("sglang@0.5.23", "breaks", True)]
+    assert (rows[1].cause["kind"], rows[1].cause["location"]) == ("reasoning-trimmed",
+                                                                  "sglang/srt/parser/deepseek_recipe_output.py:202")
