@@ -312,3 +312,33 @@ def test_zoo_scoreboard_search_and_a_click_opens_the_templates_cells(page, app_u
     page.get_by_text("glm-5.1+zai-org-GLM-5.1 × next-user-turn × raw: breaks").wait_for()
     page.get_by_text("Cause: template").first.scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "zoo-cell.png"))
+
+
+def test_release_strip_fills_in_and_a_click_opens_that_release(page, app_url) -> None:
+    from conftest import require_release
+
+    from engine.timeline import releases
+
+    versions = releases("sglang")
+    require_release(*(f"sglang@{v}" for v in versions))
+    page.goto(f"{app_url}/matrix?engine=sglang&model=qwen3.6&scenario=tool-call&cell_engine=sglang@0.5.23")
+    page.get_by_text("qwen3.6 × tool-call × sglang@0.5.23: holds").wait_for()
+    page.get_by_role("button", name="Show the release strip").click()
+    page.get_by_text(f"of {len(versions)} sglang releases run").wait_for()  # progress while the rest stays usable
+    # every release from its own code, oldest left; the only change is SGLang's answer strip at 0.5.13 (null -> "\n\n")
+    caption = page.get_by_text("releases, oldest left")
+    caption.wait_for(timeout=600_000)
+    assert f"{len(versions)} releases, oldest left; ● marks a release whose outcome differs from the one before " \
+           "(0.5.13)" in caption.inner_text()
+    chart = page.locator("[data-testid='stPlotlyChart']").last
+    chart.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "release-strip.png"))
+    bars = chart.locator("g.point path")
+    assert bars.count() == len(versions)
+    box = bars.nth(versions.index("0.5.12")).bounding_box()  # plotly's drag layer above the bars takes the click
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("qwen3.6 × tool-call × sglang@0.5.12: holds").wait_for(timeout=60_000)
+    page.wait_for_url(re.compile("cell_engine=real%3Asglang%400.5.12"))
