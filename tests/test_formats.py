@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from engine.assets import resolve_asset
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
 from engine.models import default_model_ids, load_model, load_spec
@@ -212,7 +213,22 @@ def test_llama_content_before_a_call_and_parallel_calls_split_at_their_delimiter
 
 @pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1", "minimax-m2.7", "deepseek-v3.2",
                                       "llama-3.1", "mistral-small-3.2"])
+
+
+@pytest.mark.parametrize("model_id", default_model_ids())
 def test_template_markers_occur_in_the_models_own_template(model_id: str) -> None:
+    """The zoo scan matches a template to a format by these markers; each model's own template (or encoder) must
+    match its own format, and every format sets some."""
+    spec = load_spec(model_id)
+    asset = spec.assets.get("chat_template") or spec.assets["encoder"]
+    source = resolve_asset(model_id, spec.hub_repo, asset).data.decode("utf-8")
+    markers = get_format(spec.family).template_markers
+    assert markers
+    assert [m for m in markers if m not in source] == []
+
+
+@pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1"])
+def test_the_added_formats_markers_pick_no_other_models_template(model_id: str) -> None:
     # The zoo matches a template to the format whose markers all occur in its source (OutputFormat.template_markers).
     model = load_model(model_id)
     fmt = get_format(model.spec.family)

@@ -122,8 +122,10 @@ def test_template_that_does_not_parse_is_a_clear_error() -> None:
 
 
 def test_tools_render_in_every_tool_template() -> None:
-    # DeepSeek V3.1's template reads no `tools` (the client writes the tool list into the system message).
-    for model_id in [m for m in JINJA_MODELS if m != "deepseek-v3.1"]:
+    # DeepSeek V3.1's template renders no tool list at all (its model card puts the tools in the system message).
+    assert "get_weather" not in load_model("deepseek-v3.1").renderer.render(
+        [{"role": "user", "content": "x"}], TOOLS, add_generation_prompt=True).text
+    for model_id in (m for m in JINJA_MODELS if m != "deepseek-v3.1"):
         rendered = load_model(model_id).renderer.render([{"role": "user", "content": "x"}], TOOLS,
                                                         add_generation_prompt=True)
         assert "get_weather" in rendered.text, model_id

@@ -101,7 +101,7 @@ def assert_same(model_id: str, texts: list[str]) -> SegmentCachedTokenizer:
 @pytest.mark.parametrize("model_id", TOKENIZED)
 def test_every_matrix_string_tokenizes_as_whole(model_id: str) -> None:
     texts = matrix_strings()[model_id]
-    assert len(texts) > 40
+    assert len(texts) > 30  # a model that does not think runs 10 of the 14 scenarios
     wrapper = assert_same(model_id, texts)
     stats = wrapper.cache_stats()
     # The ids path was answered from reused pieces, not from whole strings.

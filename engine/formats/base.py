@@ -179,6 +179,13 @@ def get_format(family: str) -> OutputFormat:
         raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
 
 
+def registered_formats() -> tuple[OutputFormat, ...]:
+    """Every output format, by family name."""
+    import engine.formats  # noqa: F401 - registers the families
+
+    return tuple(_REGISTRY[family] for family in sorted(_REGISTRY))
+
+
 def tool_call_specs(calls: Any, where: str) -> tuple[ToolCallSpec, ...]:
     """The tool calls of an OpenAI-style assistant message (a session script's reply, a trace's response) as the
     format writers take them: arguments as an object or a JSON object string; anything else is refused."""

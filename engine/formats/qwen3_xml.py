@@ -25,6 +25,7 @@ from engine.types import ParseResult, ToolCall
 class Qwen3XmlFormat(OutputFormat):
     family = "qwen3_xml"
     arguments_in_history = "mapping"
+    template_markers = ("<tool_call>", "<function=", "<parameter=")
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

@@ -129,6 +129,25 @@ class Glue:
         return {"reasoning": message.reasoning_content, "content": message.content, "tool_calls": calls,
                 "error": None}
 
+    def render(self, job: dict, tokenizer: Any) -> dict:
+        """The prompt the release's serving code builds for a chat request (messages, tools, chat_template_kwargs),
+        through its own request path, `_process_messages` (its chat encodings, e.g. 0.5.23's deepseek-recipe for
+        DeepSeek V4, or the Jinja template it was given): the prompt ids and their decoded text, or the sentence the
+        server would answer 400 with."""
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
+                               bool(job.get("force_reasoning", True)), tokenizer)
+        try:
+            request = self.protocol.ChatCompletionRequest(
+                messages=job["messages"], model="m", tools=job.get("tools") or None,
+                tool_choice="auto" if job.get("tools") else "none",
+                chat_template_kwargs=job.get("chat_template_kwargs") or None)
+            processed = call_with(serving._process_messages, {"request": request, "is_multimodal": False})
+        except ValueError as err:  # the server's 400: the request's own fault, one sentence
+            return {"ids": None, "text": None, "error": str(err).splitlines()[0] if str(err) else type(err).__name__}
+        ids = list(processed.prompt_ids or [])
+        text = tokenizer.decode(ids) if ids else processed.prompt
+        return {"ids": ids, "text": text, "error": None}
+
     def parse_stream(self, job: dict, tokenizer: Any) -> dict:
         """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
         far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""

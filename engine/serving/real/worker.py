@@ -129,7 +129,7 @@ class Worker:
             return {"ok": True, "import_s": self.import_s, "stubbed_roots": sorted(self.finder.stubbed)}
         if op == "parsers":
             return {"ok": True, **self.glue.parsers()}
-        if op == "parse":
+        if op in ("parse", "render"):
             return self.parse(request)
         if op == "network_check":  # the sandbox's own check: can this process open a connection to PyPI?
             import socket
@@ -161,7 +161,8 @@ class Worker:
             if tracer is not None:
                 tracer.start()
             try:
-                result = self.glue.parse(job, tokenizer)
+                run = self.glue.render if job.get("op") == "render" else self.glue.parse
+                result = run(job, tokenizer)
             finally:
                 if tracer is not None:
                     tracer.stop()
@@ -204,7 +205,7 @@ def main() -> None:
             reply = worker.handle(json.loads(line))
         except Exception as exc:  # noqa: BLE001 - a bug in the glue: report, keep serving
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=-6)}
-        replies.write(json.dumps(reply, ensure_ascii=False, default=str) + "\n")
+        replies.write(json.dumps(reply, default=str) + "\n")
 
 
 if __name__ == "__main__":
