@@ -211,10 +211,6 @@ def test_llama_content_before_a_call_and_parallel_calls_split_at_their_delimiter
     assert [c.arguments for c in parsed.tool_calls] == ['{"city": "Paris"}', '{"city": "Rome"}']
 
 
-@pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1", "minimax-m2.7", "deepseek-v3.2",
-                                      "llama-3.1", "mistral-small-3.2"])
-
-
 @pytest.mark.parametrize("model_id", default_model_ids())
 def test_template_markers_occur_in_the_models_own_template(model_id: str) -> None:
     """The zoo scan matches a template to a format by these markers; each model's own template (or encoder) must
@@ -227,7 +223,8 @@ def test_template_markers_occur_in_the_models_own_template(model_id: str) -> Non
     assert [m for m in markers if m not in source] == []
 
 
-@pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1"])
+@pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1", "minimax-m2.7", "deepseek-v3.2",
+                                      "llama-3.1", "mistral-small-3.2"])
 def test_the_added_formats_markers_pick_no_other_models_template(model_id: str) -> None:
     # The zoo matches a template to the format whose markers all occur in its source (OutputFormat.template_markers).
     model = load_model(model_id)
