@@ -882,8 +882,8 @@ class _EngineSide:
             self.emulation, parsed = parse_served(self.emulation, text, dict(
                 reasoning_parser=self.parsers.get("reasoning_parser"), tool_parser=tool_parser, tools=tools,
                 chat_template_kwargs=self.kwargs, history_tool_calls=self.calls_so_far,
-                tokenizer=self.model.tokenizer, added_tokens=self.model.spec.added_tokens),
-                {"force_reasoning": force_reasoning})
+                tokenizer=self.model.tokenizer),
+                {"force_reasoning": force_reasoning, "added_tokens": self.model.spec.added_tokens})
         except NotImplementedError as err:
             raise ExplorerError(f"model {self.model.id}: {self.origin} cannot parse its output yet ({err}), so "
                                 f"session {self.script.id} cannot run through it") from None

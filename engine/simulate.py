@@ -360,12 +360,12 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         if emulation is not None:
             request = dict(reasoning_parser=parsers.get("reasoning_parser"),
                            tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
-                           chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
-                           added_tokens=model.spec.added_tokens)
+                           chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
             try:
                 emulation, parsed = parse_served(emulation, text, request, {
-                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced})
+                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced,
+                    "added_tokens": model.spec.added_tokens})
             except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:

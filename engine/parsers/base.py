@@ -136,11 +136,9 @@ class EngineEmulation(ABC):
         chat_template_kwargs: dict | None = None,
         history_tool_calls: int = 0,
         tokenizer: Any = None,
-        added_tokens: dict[str, int] | None = None,
     ) -> ParseResult:
         """`tokenizer`: the model's real tokenizer, which the real-engine backend hands to the release's parsers (the
-        emulations know their tokens and ignore it); `added_tokens`: the model's added tokens when it has no
-        tokenizer here (the manifest's facts), for the same parsers."""
+        emulations know their tokens and ignore it)."""
         self._check_names(reasoning_parser, tool_parser)
         log = EditLog(self.origin)
         if reasoning_parser is None and tool_parser is None:

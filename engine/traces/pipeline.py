@@ -87,8 +87,8 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
     try:
         _, parsed = parse_served(engine, engine.output_text(completion.text, completion.stop_token, tool_parser), dict(
             reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser, tools=tools,
-            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer,
-            added_tokens=model.spec.added_tokens))
+            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer),
+            {"added_tokens": model.spec.added_tokens})
     except (ValueError, NotImplementedError, ExplorerError) as err:
         raise ExplorerError(f"model {model.id}: {served.origin} cannot parse this output ({err})") from None
     if parsed.error:
