@@ -51,7 +51,8 @@ ENCODER_FILE_NAME = "encoding_dsv4.py"
 ENCODER_SHA256 = "bdbd57c132a1b3725042323d02b98b9d1df28e5f388f134399555d041f5055e0"
 TRACED_FUNCTIONS = frozenset({"render_message", "encode_messages"})
 # Encoder lines (of the pinned file) whose output is not a message's own text.
-SCAFFOLDING_STATEMENTS = ("prompt += REASONING_EFFORT_MAX", 'prompt += "\\n\\n" + render_tools(tools)')
+SCAFFOLDING_STATEMENTS = ("prompt += REASONING_EFFORT_MAX", "prompt += REASONING_EFFORT_PROMPTS[reasoning_effort]",
+                          'prompt += "\\n\\n" + render_tools(tools)')
 TRANSITION_MARKER = "# Append transition tokens"
 
 
