@@ -102,6 +102,11 @@ def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: 
         side = "none: the client's messages as sent" if column == "raw" else \
             "none: the previous prompt and completion kept, the new messages rendered"
         return ServingPath(renderer, side)
+    if model.served_from is not None:  # the engine's own renderer runs the request side too
+        side = getattr(model.renderer, "request_side", None) or (
+            "vLLM 0.33.0's harmony request side (vllm/renderers/online_renderer.py:547-600 "
+            "_make_request_with_harmony), as engine/render/harmony.py re-implements it")
+        return ServingPath(renderer, side)
     return ServingPath(renderer, emulation.request_side_origin)
 
 
@@ -170,6 +175,7 @@ class EngineEncoderRenderer:
                                      f"({rule.encoder}), whose source is not here: {err}") from err
         self.origin = f"{rule.engine} {version} encoder"
         self.source_path = rule.encoder
+        self.request_side = f"{rule.engine} {version} real code ({rule.where})"
         path = sources.root / rule.encoder
         self._lines = path.read_text(encoding="utf-8").splitlines()
         self.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
