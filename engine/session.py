@@ -670,6 +670,8 @@ def simulate_session(
     if engine is not None and history != "template":
         raise ExplorerError(f"engine {engine!r} re-renders every request from the parsed messages, so it cannot "
                             f"keep the history {history!r}; use history 'template' with an engine")
+    if engine not in (None, "raw"):
+        model = _as_served(model, engine)
     template_kwargs, render = _session_renderer(model, script, kwargs)
     engine_side = _EngineSide(model, script, engine, template_kwargs, render) if engine is not None else None
     tokenizer = model.tokenizer
@@ -774,6 +776,19 @@ def _assistant_turn(script: SessionScript, index: int) -> AssistantTurn:
     return AssistantTurn(reasoning, content, tuple(calls))
 
 
+def _as_served(model: LoadedModel, engine: str) -> LoadedModel:
+    """The model as `engine`'s release renders it (engine.serving.rendering); an unknown engine is _EngineSide's
+    to report."""
+    from engine.serving.rendering import ServingUnavailable, served_model
+
+    try:
+        return served_model(model, get_engine(engine))
+    except ValueError:
+        return model
+    except ServingUnavailable as err:
+        raise ExplorerError(str(err)) from None
+
+
 class _EngineSide:
     """Builds each request as the client sends it after the engine parsed the earlier replies, and writes the
     scripted reply as the model's completion: the sequence the cache then holds is prompt + completion."""
@@ -828,11 +843,14 @@ class _EngineSide:
         if self.emulation is None:
             to_render = raw_request(sent, self.fmt.arguments_in_history)
         else:
-            prep = self.emulation.prepare_request(sent, tools)
+            from engine.simulate import engine_request
+
+            prep = engine_request(self.emulation, self.model, sent, tools, self.kwargs)
             if prep.error:
                 raise ExplorerError(f"model {self.model.id}: {self.origin} rejects request {number} of session "
                                     f"{self.script.id}: {prep.error}")
             to_render, request_edits = prep.messages, prep.edits
+            tools = prep.tools if prep.tools is not None else tools
         try:
             prompt = self.render(to_render, tools, True)
         except RenderError as err:

@@ -17,7 +17,7 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import Completion, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
-from engine.parsers.base import EngineEmulation
+from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.tokenize import token_ids
@@ -287,14 +287,12 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         # A copy of the list: the history grows after this render, the request it records must not.
         messages = list(messages)
         to_render, template_kwargs, tools = messages, kwargs, scenario.tools
-        if emulation is not None and model.served_from is not None:
-            pass  # the engine's own renderer (harmony, a bundled encoder) runs the engine's request side itself
-        elif emulation is not None:
-            prep = _prepare(emulation, model, messages, scenario.tools, kwargs)
+        if emulation is not None:
+            prep = engine_request(emulation, model, messages, scenario.tools, kwargs)
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
-            template_kwargs = _template_kwargs(prep, kwargs)
+            template_kwargs = template_kwargs_of(prep, kwargs)
             tools = prep.tools if prep.tools is not None else scenario.tools
             if overrides is not None and overrides.request_undo is not None and len(boundaries) + 1 == overrides.index:
                 to_render = undo_request_edit(to_render, messages, overrides.request_undo)
@@ -365,16 +363,23 @@ _CALL_ARGUMENTS = frozenset({"tokenize", "add_generation_prompt", "return_dict",
                              "chat_template", "documents"})
 
 
-def _prepare(emulation, model: LoadedModel, messages: list[dict], tools: list[dict] | None, kwargs: dict):
-    """The engine's request side for a model rendered from its Jinja template (the real backend runs the release's
-    code, which reads the template and the kwargs); the emulations' rewrite otherwise."""
+def engine_request(emulation: EngineEmulation, model: LoadedModel, messages: list[dict], tools: list[dict] | None,
+                   kwargs: dict) -> RequestPrep:
+    """The engine's request side: nothing to do here when `model` is rendered by the engine's own renderer
+    (engine.serving.rendering.served_model: it runs the request side itself); for a model rendered from its Jinja
+    template the real backend runs the release's code (which reads the template and the kwargs), the emulations their
+    rewrite."""
+    if model.served_from is not None:
+        return RequestPrep(list(messages), (), None)
     source = getattr(model.renderer, "template_source", None)
     if isinstance(source, str):
         return emulation.prepare_templated_request(messages, tools, kwargs=kwargs, chat_template=source)
     return emulation.prepare_request(messages, tools)
 
 
-def _template_kwargs(prep, kwargs: dict) -> dict:
+def template_kwargs_of(prep: RequestPrep, kwargs: dict) -> dict:
+    """The template kwargs to render with: those the engine's code resolved (without apply_chat_template's own
+    arguments), else the request's."""
     if prep.template_kwargs is None:
         return kwargs
     return {k: v for k, v in prep.template_kwargs.items() if k not in _CALL_ARGUMENTS}

@@ -73,10 +73,9 @@ def test_vllm_renders_deepseek_v4_with_its_bundled_encoder():
     assert vllm.renderer == "vllm 0.33.0 encoder (vllm/tokenizers/deepseek_v4_encoding.py)"
     assert vllm.request_side == "vllm 0.33.0 real code (vllm/tokenizers/deepseek_v4.py:22-66)"
     dropped = run_cell("deepseek-v4", "no-tools-next-user", "vllm")
-    # No construct-level counterfactual for an encoder run in the worker: the cause is the emitting line of vLLM's
-    # file, and the fix is proved by a re-run.
+    # The construct counterfactuals run in the worker over vLLM's encoder: the condition that drops the reasoning.
     assert (dropped.cause.kind, dropped.cause.location) == ("reasoning-dropped",
-                                                            "vllm/tokenizers/deepseek_v4_encoding.py:432")
+                                                            "vllm/tokenizers/deepseek_v4_encoding.py:427-432")
     assert dropped.cause.fix.text == "set drop_thinking=false"
 
 

@@ -93,25 +93,25 @@ ROWS = [
     ('deepseek-v4', 'args-serialization', 'raw', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
     ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
     ('deepseek-v4', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
-    ('deepseek-v4', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
+    ('deepseek-v4', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised sglang/srt/entrypoints/openai/encoding_dsv4.py:162'),
     ('gpt-oss', 'reasoning-whitespace', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'reasoning-whitespace', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'newline-after-think', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'reasoning-truncated', 'raw', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
-    ('gpt-oss', 'reasoning-truncated', 'vllm@0.33.0', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
+    ('gpt-oss', 'reasoning-truncated', 'vllm@0.33.0', 'holds', None),
     ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
     ('gpt-oss', 'tool-call-truncated', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
     ('gpt-oss', 'args-serialization', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
 ]
@@ -121,6 +121,8 @@ ROWS = [
                          ids=[f"{r[0]}/{r[1]}/{r[2]}" for r in ROWS])
 def test_drift_matrix_row(model: str, scenario: str, engine: str, status: str, cause: str | None) -> None:
     cell = run_cell(model, scenario, engine)
+    if cell.status == "unavailable" and "whose source is not here" in (cell.note or ""):
+        pytest.skip(cell.note)  # the engine's own encoder: its wheel is neither cached nor fetchable (offline)
     assert cell.status == status
     if cell.status == "error":
         assert cell.note is not None and cell.note.startswith(cause)

@@ -54,6 +54,7 @@ TRACED_FUNCTIONS = frozenset({"render_message", "encode_messages"})
 SCAFFOLDING_STATEMENTS = ("prompt += REASONING_EFFORT_MAX", "prompt += REASONING_EFFORT_PROMPTS[reasoning_effort]",
                           'prompt += "\\n\\n" + render_tools(tools)')
 TRANSITION_MARKER = "# Append transition tokens"
+REPRINTING_FUNCTIONS = frozenset({"to_json"})  # the encoder's functions that print a value anew
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class DeepSeekV4Renderer:
         # Built on first use: only cause attribution runs the encoder with its constructs observable.
         if self._instrumented_module is None:
             self._instrumented_module = InstrumentedModule(
-                Path(self._file).read_text(encoding="utf-8"), self._file, frozenset({"to_json"}),
+                Path(self._file).read_text(encoding="utf-8"), self._file, REPRINTING_FUNCTIONS,
                 _rendered_message)
         return self._instrumented_module
 

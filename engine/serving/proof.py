@@ -73,10 +73,10 @@ def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list
     prep = real.prepare_templated_request(sent, tools, kwargs=kwargs, chat_template=source)
     if prep.error:
         raise ValueError(prep.error)
-    from engine.simulate import _template_kwargs
+    from engine.simulate import template_kwargs_of
 
     text = model.renderer.render(prep.messages, prep.tools, add_generation_prompt=True,
-                                 kwargs=_template_kwargs(prep, kwargs)).text
+                                 kwargs=template_kwargs_of(prep, kwargs)).text
     return text, _ids(model, text)
 
 

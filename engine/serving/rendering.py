@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.types import Rendered
+from engine.types import Rendered, RenderRequest
 
 if TYPE_CHECKING:
     from engine.models import LoadedModel
     from engine.parsers.base import EngineEmulation
+    from engine.render.constructs import Evaluation
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,18 @@ def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: 
     return ServingPath(renderer, emulation.request_side_origin)
 
 
+def cell_model(cell: Any, model: LoadedModel) -> LoadedModel:
+    """The model as a cell's engine rendered it (an error note's template lines index into its renderer)."""
+    if cell.engine in ("raw", "bridge") or not cell.engine_version:
+        return model.served_from or model
+    from engine.parsers import get_engine
+
+    try:
+        return served_model(model, get_engine(f"{cell.engine}@{cell.engine_version}"))
+    except (ValueError, ExplorerError):
+        return model
+
+
 def served_model(model: LoadedModel, emulation: EngineEmulation) -> LoadedModel:
     """`model` as `emulation`'s engine release renders it (the same object when that is its own renderer); raises
     ServingUnavailable when the release has no renderer for it."""
@@ -178,10 +191,40 @@ class EngineEncoderRenderer:
         self.request_side = f"{rule.engine} {version} real code ({rule.where})"
         path = sources.root / rule.encoder
         self._lines = path.read_text(encoding="utf-8").splitlines()
+        self._table: Any = None
         self.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
 
     def source_lines(self) -> list[str]:
         return list(self._lines)
+
+    def construct_table(self) -> Any:
+        """The encoder's constructs (engine.render.constructs), read from its source text here (nothing runs): the
+        same numbering the worker's instrumented run uses."""
+        if self._table is None:
+            import ast
+
+            from engine.render.constructs import _PythonRewriter
+            from engine.render.deepseek_v4 import REPRINTING_FUNCTIONS
+
+            rewriter = _PythonRewriter(REPRINTING_FUNCTIONS)
+            rewriter.visit(ast.parse("\n".join(self._lines) + "\n", self.source_path))
+            self._table = rewriter.table()
+        return self._table
+
+    def render_counterfactual(self, request: RenderRequest, *, undo_from: int | None = None,
+                              undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+                              ) -> tuple[str, list[Evaluation]]:
+        """The prompt with encoder constructs undone from message `undo_from` on, run in the worker over the
+        arguments the release's own request side gave the encoder (see DeepSeekV4Renderer.render_counterfactual)."""
+        from engine.render.constructs import Evaluation
+
+        job = {**self._job(request.messages, request.tools, request.kwargs),
+               "counterfactual": {"undo_from": undo_from, "undo": sorted(undo), "substitute": substitute or {}}}
+        reply = self.real.render_request(job).get("counterfactual")
+        if reply is None:
+            raise RenderError(f"{self.model.id}: {self.source_path} of {self.engine} {self.version} gave no "
+                              "counterfactual run", model=self.model.id, path=self.source_path)
+        return reply["prompt"], [Evaluation(*row) for row in reply["evaluations"]]
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = True,
                kwargs: dict | None = None) -> Rendered:

@@ -34,8 +34,11 @@ def recorded_calls(owner: Any, name: str) -> Iterator[list[dict]]:
 
 
 def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Path, job: dict) -> dict:
+    """The prompt; with `provenance`, which message and encoder line produced each character; with
+    `counterfactual` ({undo_from, undo, substitute}), the prompt the same call gives with those encoder constructs
+    undone, and the constructs' evaluations (engine.render.constructs; the ids are those of the encoder's source)."""
     reply: dict[str, Any] = {"prompt": prompt, "encoder_path": str(Path(encoder.__file__).relative_to(root))}
-    if not job.get("provenance"):
+    if not job.get("provenance") and not job.get("counterfactual"):
         return reply
     if len(calls) != 1 or calls[0]["args"]:
         reply["provenance_error"] = f"the serving code called the encoder {len(calls)} times"
@@ -49,6 +52,23 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
     origin = list(range(len(messages))) if len(messages) == given else [-1, *range(len(messages) - 1)]
     request = {"messages": messages, "origin": origin, "thinking_mode": call.get("thinking_mode", "chat"),
                "drop_thinking": call.get("drop_thinking", True), "reasoning_effort": call.get("reasoning_effort")}
-    index, lines = DeepSeekV4Renderer(encoder)._provenance_of(prompt, request)
-    reply["provenance"] = {"message_index": list(index), "source_line": list(lines)}
+    renderer = DeepSeekV4Renderer(encoder)
+    if job.get("provenance"):
+        index, lines = renderer._provenance_of(prompt, request)
+        reply["provenance"] = {"message_index": list(index), "source_line": list(lines)}
+    wanted = job.get("counterfactual")
+    if wanted:
+        owners = {number: next((o for o in group if o >= 0), -1)
+                  for number, group in enumerate(renderer._render_origins(request))}
+        module = renderer._instrumented()
+        substitute = {int(k): v for k, v in (wanted.get("substitute") or {}).items()}
+        text, evaluations = module.run(lambda: renderer._encode(request, module.namespace["encode_messages"]),
+                                       owners, undo_from=wanted.get("undo_from"),
+                                       undo=frozenset(wanted.get("undo") or ()), substitute=substitute)
+        reply["counterfactual"] = {"prompt": text, "evaluations": [
+            [e.construct, e.message, _jsonable(e.before), _jsonable(e.after)] for e in evaluations]}
     return reply
+
+
+def _jsonable(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else repr(value)

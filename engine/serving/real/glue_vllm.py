@@ -252,7 +252,8 @@ class Glue:
         renderer.model_config, renderer.tokenizer, renderer.use_unified_vision_chunk = config, tokenizer, False
         tokenizer.calls.clear()
         renderer.render_messages(request.messages, params)
-        return {**tokenizer.last_template_call(), "entry": _entry(renderer_module.HfRenderer.render_messages, self.root)}
+        entry = _entry(renderer_module.HfRenderer.render_messages, self.root)
+        return {**tokenizer.last_template_call(), "entry": entry}
 
 
 def _entry(function: Any, root: Path) -> str:
