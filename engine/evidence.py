@@ -238,7 +238,8 @@ def source_url(origin: str, path: str, line: int, end_line: int | None = None, h
                hub_file: str = "") -> str | None:
     """A link to the blamed line: the engine's source at that version, or the template file on the Hub."""
     anchor = f"#L{line}" + (f"-L{end_line}" if end_line and end_line != line else "")
-    name, _, version = origin.partition(" ")
+    name, _, rest = origin.partition(" ")
+    version = rest.split(" ")[0]  # "vllm 0.33.0 encoder": the engine's own file at that release
     if name in SOURCE_REPOS and version:
         return SOURCE_REPOS[name].format(version=version, path=path) + anchor
     if origin.startswith("template") and hub_repo and hub_file:
