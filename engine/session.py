@@ -693,7 +693,8 @@ def simulate_session(
             prompt_ids = sequence_ids = prompt_state.ids
             if written is not None:
                 sequence_ids = SharedSequence(prompt_ids, prompt_ids.length, np.asarray(written.ids, dtype=np.int32))
-            views = engine_side.views(prompt, prompt_state, to_render, tools, len(messages), written)
+            views = engine_side.views(prompt, prompt_state, to_render, engine_side.rendered_tools, len(messages),
+                                      written)
         elif history == "template":
             prompt = sequence = render(messages, tools, True)
             prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last)
@@ -812,6 +813,7 @@ class _EngineSide:
         self.fmt = get_format(model.spec.family)
         self.stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
         self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
+        self.rendered_tools: list[dict] | None = None  # the last request's tools as the template was given them
         self.call_ids: dict[int, list[str]] = {}  # scripted reply's step -> the ids of its parsed tool calls
         self.calls_so_far = 0
 
@@ -840,6 +842,7 @@ class _EngineSide:
         completion the model writes when the next step is a scripted reply (else None), and the engine's edits."""
         sent = self._client_messages(messages)
         request_edits: tuple[Edit, ...] = ()
+        rendered_tools = tools
         if self.emulation is None:
             to_render = raw_request(sent, self.fmt.arguments_in_history)
         else:
@@ -850,9 +853,11 @@ class _EngineSide:
                 raise ExplorerError(f"model {self.model.id}: {self.origin} rejects request {number} of session "
                                     f"{self.script.id}: {prep.error}")
             to_render, request_edits = prep.messages, prep.edits
-            tools = prep.tools if prep.tools is not None else tools
+            if prep.tools is not None:  # as the engine hands them to the template (SGLang: its pydantic dump)
+                rendered_tools = prep.tools
+        self.rendered_tools = rendered_tools
         try:
-            prompt = self.render(to_render, tools, True)
+            prompt = self.render(to_render, rendered_tools, True)
         except RenderError as err:
             # E.g. the engine dropped a tool call the template needs before the tool result that answers it.
             raise ExplorerError(f"request {number} of session {self.script.id}, as sent after {self.origin} parsed "
