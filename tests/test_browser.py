@@ -269,4 +269,4 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     evidence = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
     broken = evidence["sessions"][1]["requests"][2]
     assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
-    assert broken["window"]["first_token"] == 1019  # SGLang dumps the tool with "defer_loading": null: 6 tokens before the break
+    assert broken["window"]["first_token"] == 1019  # SGLang's tool dump: 6 tokens before it
