@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     matrix = sub.add_parser("matrix", help="the drift matrix: models × scenarios × engines")
     matrix.add_argument("--models")
     matrix.add_argument("--scenarios")
-    matrix.add_argument("--engines", help="vllm, sglang, raw, bridge; engine@version selects a version")
+    matrix.add_argument("--engines", help="vllm, sglang, raw, bridge, renderers; engine@version selects a version")
     matrix.add_argument("--kwargs", action="append", metavar="MODEL:KEY=VALUE")
     matrix.add_argument("--json", metavar="PATH|-")
     matrix.add_argument("--markdown", metavar="PATH")
@@ -492,7 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="evidence of one cell: JSON (replayable), Markdown, HTML")
     export.add_argument("--model", required=True)
     export.add_argument("--scenario", required=True)
-    export.add_argument("--engine", required=True, help="vllm, sglang, raw, bridge; engine@version selects a version")
+    export.add_argument("--engine", required=True, help="vllm, sglang, raw, bridge, renderers; engine@version selects "
+                        "a version")
     export.add_argument("--kwargs", action="append", metavar="KEY=VALUE")
     export.add_argument("--context", type=int, default=8, help="tokens shown on each side of the break")
     export.add_argument("--json", metavar="PATH|-")

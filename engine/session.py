@@ -76,7 +76,8 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ExplorerError, RenderError
-from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
+from engine.formats import AssistantTurn, Completion, get_format
+from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
@@ -760,21 +761,7 @@ def _assistant_turn(script: SessionScript, index: int) -> AssistantTurn:
     content = reply.get("content") or ""
     if not isinstance(content, str) or not isinstance(reasoning, str | None):
         raise ExplorerError(f"{where}: content and reasoning_content must be strings to be written as model output")
-    calls = []
-    for call in reply.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError:
-                arguments = None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
-                not isinstance(arguments, dict):
-            raise ExplorerError(f"{where}: every tool call needs function.name and function.arguments as an "
-                                f"object or a JSON object string, got {call!r:.80}")
-        calls.append(ToolCallSpec(function["name"], arguments, call.get("id")))
-    return AssistantTurn(reasoning, content, tuple(calls))
+    return AssistantTurn(reasoning, content, tool_call_specs(reply.get("tool_calls"), where))
 
 
 def _as_served(model: LoadedModel, engine: str) -> LoadedModel:

@@ -19,7 +19,7 @@ from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
-from engine.scenario import Scenario, load_scenario
+from engine.scenario import Scenario, ScriptTurn, load_scenario
 from engine.tokenize import token_ids
 from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
     Boundary,
@@ -41,12 +41,16 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     WithKwargs,
 )
 
-ENGINES = ("vllm", "sglang", "raw", "bridge")
+ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
 
 def _engine_parts(engine: str) -> tuple[str, str]:
     if engine in ("raw", "bridge"):
         return engine, ""
+    if engine.partition("@")[0] == "renderers":  # as asked, or renderers@<version> from evidence
+        from engine import renderers_column
+
+        return "renderers", renderers_column.version()
     emulation = _engine(engine)
     return emulation.name, emulation.version
 
@@ -68,6 +72,15 @@ def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: 
             {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c, cid in zip(parsed.tool_calls, call_ids)
         ]
+    return message
+
+
+def scripted_message(turn: ScriptTurn, call_ids: list[str], call_cursor: int) -> dict[str, Any]:
+    """A scenario's user or tool turn as the client sends it; a tool result answers the `call_cursor`-th call of the
+    latest assistant turn."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.text}
+    if turn.role == "tool":
+        message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
     return message
 
 
@@ -174,7 +187,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
-    emulation = None if engine in ("raw", "bridge") else _engine(engine)
+    emulation = None if engine_name in ("raw", "bridge", "renderers") else _engine(engine)
     try:
         # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
         model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
@@ -182,6 +195,8 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
+    if engine_name == "renderers":
+        return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
 
     def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
         return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
@@ -192,6 +207,10 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     except _Failed as err:
         return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
+    if engine == "bridge":  # which renderer the column used, and that it rendered no history
+        used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
+                "a synthetic closed turn, as the client sent them")
+        note = f"{used}; {note}" if note else used
     if all(b.holds for b in boundaries):
         return cell(status=Status.HOLDS, boundaries=boundaries, note=note)
     cause = None
@@ -202,6 +221,27 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
         cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+
+
+def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
+                    base: dict[str, Any], stop_after: int | None) -> CellResult:
+    """The `renderers` column (engine.renderers_column). No cause is attributed: the package's renderers are Python
+    ports with no template constructs to undo; the note says how each next prompt was built."""
+    from engine import renderers_column
+
+    asked = engine.partition("@")[2]
+    if asked and asked != base["engine_version"]:
+        return CellResult(**base, status=Status.UNAVAILABLE,
+                          note=f"renderers {asked[:40]} was asked for, but renderers {base['engine_version']} is the "
+                               "one installed (pinned in requirements.txt)")
+    try:
+        boundaries, note = renderers_column.roundtrip(model, scenario, kwargs, stop_after)
+    except renderers_column.Unavailable as err:
+        return CellResult(**base, status=Status.UNAVAILABLE, note=str(err))
+    except renderers_column.Failed as err:
+        return CellResult(**base, status=Status.ERROR, boundaries=err.boundaries, note=str(err))
+    status = Status.HOLDS if all(b.holds for b in boundaries) else Status.BREAKS
+    return CellResult(**base, status=status, boundaries=boundaries, note=note)
 
 
 def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | None]:
@@ -309,11 +349,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
 
     for turn in scenario.turns:
         if turn.role in ("user", "tool"):
-            message: dict[str, Any] = {"role": turn.role, "content": turn.text}
-            if turn.role == "tool":
-                message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
-                call_cursor += 1
-            history.append(message)
+            history.append(scripted_message(turn, call_ids, call_cursor))
+            call_cursor += turn.role == "tool"
             if pending is not None:
                 try:
                     boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
@@ -389,11 +426,13 @@ def _close_boundary(model, engine, history, pending, render, index, trigger, las
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
-    next_prompt, request_edits = render(history, True)
     if engine == "bridge":
-        next_prompt = _bridge_prompt(model, prompt, completion, next_prompt, assistant_index)
+        next_prompt = _bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
+                                     assistant_index, lambda messages: render(messages, True)[0])
+        request_edits: tuple[Edit, ...] = ()
         next_ids = _bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:
+        next_prompt, request_edits = render(history, True)
         next_ids = _ids(model, next_prompt.text)
     string_check = PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text))
     token_check = None
@@ -403,38 +442,79 @@ def _close_boundary(model, engine, history, pending, render, index, trigger, las
                     next_prompt, next_ids, string_check, token_check, last_request[0])
 
 
-def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, rendered_next: Rendered,
-                   assistant_index: int) -> Rendered:
-    """Append-only next prompt, as renderers' bridge_to_next_turn: keep prompt + completion byte for byte,
-    synthesise the turn close after a truncation, then only what the template renders for the new messages."""
-    text = rendered_next.text
-    idx = rendered_next.message_index
-    # First character of a later message, and the assistant message's first and last characters: C-speed
-    # tuple.index per distinct message instead of a Python loop over every character.
-    new_start = min((idx.index(m) for m in set(idx) if m > assistant_index), default=len(text))
-    stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
-    close = ""
-    if assistant_index in idx:
-        first, last = idx.index(assistant_index), len(idx) - 1 - idx[::-1].index(assistant_index)
-        span = text[first:last + 1]
-        stop_at = span.rfind(completion.stop_token or stop) if (completion.stop_token or stop) else -1
-        if stop_at >= 0:
-            close = span[stop_at + len(completion.stop_token or stop):]
-    if completion.truncated:
-        close = stop + close
-    appended = close + text[new_start:]
+# The minimal history the bridge renders the new messages after: a one-line user turn and an assistant turn with the
+# real turn's tool calls (names and ids only; templates name a tool result after the call it answers), so no message
+# the model or the user wrote is ever rendered again.
+_SYNTHETIC_USER = {"role": "user", "content": "Go on."}
+
+
+def _synthetic_history(assistant: dict) -> list[dict]:
+    message: dict[str, Any] = {"role": "assistant", "content": "" if assistant.get("tool_calls") else "OK."}
+    calls = [{"id": call.get("id"), "type": "function",
+              "function": {"name": (call.get("function") or {}).get("name"), "arguments": "{}"}}
+             for call in assistant.get("tool_calls") or []]
+    if calls:
+        message["tool_calls"] = calls
+    return [dict(_SYNTHETIC_USER), message]
+
+
+def _turn_closes(model: LoadedModel, completion: Completion) -> tuple[str, ...]:
+    """The strings that end an assistant turn: the model's stop tokens and the template's turn end, longest first."""
+    closes = {*model.spec.stop_tokens, model.spec.special_tokens.get("turn_end") or "", completion.stop_token or ""}
+    return tuple(sorted((c for c in closes if c), key=len, reverse=True))
+
+
+def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, assistant: dict,
+                   new_messages: list[dict], assistant_index: int,
+                   render: Callable[[list[dict]], Rendered]) -> Rendered:
+    """Append-only next prompt: the previous prompt and completion byte for byte, the turn close synthesised after a
+    truncation, then what the template renders after an assistant turn's close for the new messages alone.
+
+    The new messages are rendered after a synthetic closed history (`_synthetic_history`) and the text after that
+    history's turn close is taken, as rllm's generic chat-template parser takes a generation prompt as a suffix: the
+    history itself is never rendered again, so the bridge holds wherever the new messages render. What follows the
+    close before the next message (Qwen's newline after <|im_end|>, which the engine does not return) comes with it,
+    as the template renders it."""
+    roles = [m.get("role") for m in new_messages]
+    if "assistant" in roles or not new_messages:
+        raise RenderError("the bridge appends only user and tool messages; re-rendering an assistant message would "
+                          "replace what the model sampled (new messages: " + ", ".join(map(str, roles)) + ")")
+    synthetic = _synthetic_history(assistant)
+    extended = render(synthetic + new_messages)
+    text, idx = extended.text, extended.message_index
+    first_new = len(synthetic)
+    # C-speed tuple.index per distinct message instead of a Python loop over every character.
+    assistant_at = idx.index(first_new - 1) if first_new - 1 in idx else None
+    new_at = min((idx.index(m) for m in set(idx) if m >= first_new), default=len(text))
+    # The synthetic turn's close: the last close that starts within it, up to where the new messages start (GLM's
+    # close is the next message's own opener, <|observation|> or <|user|>).
+    close_at, close = -1, ""
+    for candidate in _turn_closes(model, completion):
+        at = text.rfind(candidate, assistant_at or 0, new_at + len(candidate))
+        if at > close_at and at <= new_at:
+            close_at, close = at, candidate
+    if assistant_at is None or close_at < 0:
+        raise RenderError(f"{extended.source_path or extended.origin} for model {model.id}: the bridge found no turn "
+                          f"close ({', '.join(_turn_closes(model, completion))}) after the assistant turn it renders "
+                          "the new messages after")
+    # After a truncation the close is synthesised as the template writes it; otherwise the model sampled it.
+    kept_from = close_at if completion.truncated else close_at + len(close)
+
+    def appended_index(m: int) -> int:
+        if m >= first_new:
+            return assistant_index + 1 + m - first_new
+        return m if m < 0 else assistant_index  # the close and what follows it belong to the assistant turn
 
     def provenance() -> Provenance:
-        # Only the next render's provenance is needed to build the text; the previous prompt's waits for a reader.
+        # The previous prompt's provenance is read only when somebody reads this prompt's.
         return (prompt.message_index + (assistant_index,) * len(completion.text)
-                + (assistant_index,) * len(close) + idx[new_start:],
-                prompt.source_line + (0,) * (len(completion.text) + len(close))
-                + rendered_next.source_line[new_start:])
+                + tuple(appended_index(m) for m in idx[kept_from:]),
+                prompt.source_line + (0,) * len(completion.text) + extended.source_line[kept_from:])
 
     return Rendered(
-        text=prompt.text + completion.text + appended,
-        source_path=rendered_next.source_path,
-        origin=f"bridge over {rendered_next.origin}",
+        text=prompt.text + completion.text + text[kept_from:],
+        source_path=extended.source_path,
+        origin=f"bridge over {extended.origin}",
         provenance=provenance,
     )
 

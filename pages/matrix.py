@@ -35,7 +35,7 @@ from pages.common import (
 # columns (six models and three uploads) fit beside the sidebar at 1280 px.
 INDEX_WIDTH, PAIR_INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 240, 80, 35
 SIDE_BY_SIDE = "vLLM | SGLang"
-ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", SIDE_BY_SIDE)
+ENGINE_VIEWS = ("vllm", "sglang", "raw", "bridge", "renderers", SIDE_BY_SIDE)
 # Streamlit's wide layout keeps 5rem on each side and a 300 px sidebar: narrower, the matrix has room at 1280 px.
 PAGE_CSS = ("<style>.block-container{padding-left:1.25rem;padding-right:1.25rem}"
             "section[data-testid='stSidebar']{width:250px !important;min-width:250px !important}</style>")
@@ -175,7 +175,9 @@ def _custom_model(upload_id: str, workspace_root: str) -> LoadedModel:
 def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
     sb = st.sidebar
     sb.radio("Engine", ENGINE_VIEWS, key="engine_view", help="raw: lossless parse (the template alone); bridge: the "
-             "next prompt appended to the previous token ids; vLLM | SGLang: a row for each, ≠ where they differ")
+             "next prompt appended to the previous token ids; renderers: PrimeIntellect's renderers package as "
+             "prime-rl calls it (bridge_to_next_turn, else a full render); vLLM | SGLang: a row for each, ≠ where "
+             "they differ")
     for name, versions in VERSIONS.items():
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
         sb.text_input(f"{name} parsers", key=f"parsers:{name}", placeholder="the model's own",

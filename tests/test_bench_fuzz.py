@@ -128,12 +128,12 @@ def test_bench_json_contract() -> None:
     for key in ("cold_start_s", "matrix_s", "cell_median_ms", "floor_s", "ratio_to_floor", "naive_s",
                 "speedup_vs_naive", "peak_rss_mb"):
         assert isinstance(data[key], float) and data[key] > 0, key
-    assert data["cells"] == 8
+    assert data["cells"] == 10  # 2 scenarios × vllm, sglang, raw, bridge, renderers
     assert data["naive_requests"] == data["render_calls"] and data["naive_cell_requests"] < data["naive_requests"]
     assert data["naive_ids_differ"] == 0
     flipped = next(k for k in load_spec("qwen3.5").template_kwargs if isinstance(k.default, bool))
     assert data["toggle_kwargs"] == {"qwen3.5": f"{flipped.name}={'false' if flipped.default else 'true'}"}
-    assert data["toggle_cells"] == 8
+    assert data["toggle_cells"] == 10
     assert data["segment_reuse"]["qwen3.5"].endswith("ids reused between added tokens (proven from its configuration)")
     # Engines share prompts and boundaries share prefixes: strings and pieces come back from the caches.
     stats = data["cache_stats"]["qwen3.5"]

@@ -60,7 +60,8 @@ def evidence() -> dict:
 # ---- check ------------------------------------------------------------------------------------------------------
 
 CHECK_CASES = [
-    ("unknown-engine", ["--engine", "nonsense"], None, "unknown engine 'nonsense'; known: raw, bridge, sglang, vllm"),
+    ("unknown-engine", ["--engine", "nonsense"], None,
+     "unknown engine 'nonsense'; known: raw, bridge, renderers, sglang, vllm"),
     ("unknown-version", ["--engine", "vllm@9"], None, "unknown engine 'vllm@9'"),
     ("unknown-model", ["--model", "nosuch"], None, "unknown model 'nosuch'; known models: deepseek-v4"),
     ("path-as-model", ["--model", "../../etc"], None, "unknown model '../../etc'"),

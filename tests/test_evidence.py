@@ -216,8 +216,8 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
                              "sent back for the model's turn has no 'content' key (an engine returns an empty answer "
                              "as null, and the request drops null keys).")
     assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
-                             "`message.content is defined`; vllm@0.33.0 (holds), sglang@0.5.23 (breaks) render this "
-                             "scenario for gpt-oss")
+                             "`message.content is defined`; vllm@0.33.0 (holds), sglang@0.5.23 (breaks), "
+                             "bridge (holds) render this scenario for gpt-oss")
     assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
 
 

@@ -32,7 +32,10 @@ JINJA_WORDS = {"if", "is", "and", "or", "not", "in", "defined", "true", "false",
 def _cells():
     cells = run_matrix(default_request())
     cells += [run_cell(m, s, "sglang@0.5.12") for m in default_request().models for s in scenario_ids()]
-    return [c for c in cells if c.status == "breaks"]
+    # The renderers column attributes no cause (its renderers are Python ports, with no template constructs or
+    # engine edits to undo); its note says which request was re-rendered and where the port differs from the template.
+    assert all(c.cause is None for c in cells if c.engine == "renderers")
+    return [c for c in cells if c.status == "breaks" and c.engine != "renderers"]
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,60 @@ from engine.simulate import run_cell, run_cell_with
 @pytest.mark.parametrize("model_id", default_model_ids())
 @pytest.mark.parametrize("scenario_id", scenario_ids())
 def test_bridge_always_holds(model_id: str, scenario_id: str) -> None:
+    # The bridge never renders history, so it holds wherever the new messages render: in every default cell.
     cell = run_cell(model_id, scenario_id, "bridge")
-    if cell.status == "error":
-        # The template refuses the conversation itself (e.g. GPT-OSS on a reasoning-only truncated turn).
-        assert cell.note and "raised" in cell.note
-        return
-    assert cell.status == "holds"
+    assert cell.status == "holds", cell.note
     assert all(b.string_prefix.holds for b in cell.boundaries)
     assert all(b.token_prefix is None or b.token_prefix.holds for b in cell.boundaries)
+
+
+def test_the_bridge_holds_where_the_template_cannot_render_the_history() -> None:
+    # GPT-OSS's template raises at line 314 on the reasoning-only truncated turn (no content), so every re-rendering
+    # column is an error; the bridge renders only the new user message after a synthetic closed turn.
+    assert run_cell("gpt-oss", "reasoning-truncated", "raw").note == (
+        "openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314: 'dict object' has no attribute 'content'")
+    cell = run_cell("gpt-oss", "reasoning-truncated", "bridge")
+    assert cell.status == "holds"
+    assert cell.note == ("append-only: the previous ids kept, the new messages rendered by openai-gpt-oss-120b.jinja "
+                         "after a synthetic closed turn, as the client sent them")
+    (boundary,) = cell.boundaries
+    assert boundary.string_prefix.to_json() == {"prev_len": 3861, "common": 3861, "holds": True}
+    assert boundary.token_prefix.to_json() == {"prev_len": 840, "common": 840, "holds": True}
+    # The close is synthesised as the template closes a turn in history, then the new message and the opener.
+    assert boundary.next_prompt.text[len(boundary.prev_text):] == (
+        "<|end|><|start|>user<|message|>Please continue.<|end|><|start|>assistant")
+    assert (boundary.reused_tokens, boundary.prefill_tokens) == (840, 10)
+
+
+def test_the_bridge_adds_what_the_engine_does_not_return_and_nothing_twice() -> None:
+    # Qwen: the newline the template writes after <|im_end|> (the engine stops at <|im_end|> and returns no newline).
+    qwen = run_cell("qwen3.6", "next-user-turn", "bridge").boundaries[-1]
+    assert qwen.completion.text.endswith("<|im_end|>")
+    assert qwen.next_prompt.text[len(qwen.prev_text):] == (
+        "\n<|im_start|>user\nAnd tomorrow?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    # GLM: the model's stop token is the next message's opener, so it is not written again.
+    glm = run_cell("glm-5.1", "next-user-turn", "bridge").boundaries
+    assert [b.completion.stop_token for b in glm] == ["<|observation|>", "<|user|>"]
+    assert [b.next_prompt.text[len(b.prev_text):] for b in glm] == [
+        "<tool_response>sunny, 21°C</tool_response><|assistant|><think>", "And tomorrow?<|assistant|><think>"]
+    # Provenance: the appended characters belong to the new user message (system, user, assistant, tool, assistant,
+    # user: index 5) or to the template's scaffolding, and the template lines are the real template's.
+    last = glm[-1]
+    assert set(last.next_prompt.message_index[len(last.prev_text):]) == {-1, 5}
+    assert last.next_prompt.source_path == "zai-org-GLM-5.1.jinja"
+    assert 0 not in last.next_prompt.source_line[len(last.prev_text):]
+
+
+def test_the_bridge_refuses_to_render_an_assistant_message_again() -> None:
+    from engine.errors import RenderError
+    from engine.simulate import _bridge_prompt
+
+    model = load_model("qwen3.6")
+    boundary = run_cell("qwen3.6", "tool-call", "bridge").boundaries[0]
+    with pytest.raises(RenderError, match="the bridge appends only user and tool messages"):
+        _bridge_prompt(model, boundary.prev_prompt, boundary.completion, {"role": "assistant", "content": "x"},
+                       [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "sampled"}], 2,
+                       lambda messages: model.renderer.render(messages, None, add_generation_prompt=True, kwargs={}))
 
 
 @pytest.mark.parametrize(("model_id", "kwarg", "value"), [

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from engine.errors import ExplorerError
 from engine.types import Completion, ParseResult
 
 
@@ -160,6 +161,26 @@ def get_format(family: str) -> OutputFormat:
         return _REGISTRY[family]
     except KeyError:
         raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def tool_call_specs(calls: Any, where: str) -> tuple[ToolCallSpec, ...]:
+    """The tool calls of an OpenAI-style assistant message (a session script's reply, a trace's response) as the
+    format writers take them: arguments as an object or a JSON object string; anything else is refused."""
+    specs = []
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(arguments, dict):
+            raise ExplorerError(f"{where}: every tool call needs function.name and function.arguments as an "
+                                f"object or a JSON object string, got {call!r:.80}")
+        specs.append(ToolCallSpec(function["name"], arguments, call.get("id")))
+    return tuple(specs)
 
 
 def with_knobs(turn: AssistantTurn, **changes: Any) -> AssistantTurn:

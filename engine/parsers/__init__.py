@@ -75,11 +75,13 @@ def get_engine(spec: str) -> EngineEmulation:
 
 def known_engine(spec: object) -> str:
     """An engine argument from outside (the CLI, a link, evidence) checked against the engines there are: raw,
-    bridge, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser pair); ExplorerError
-    in one sentence otherwise."""
+    bridge, renderers, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser pair);
+    ExplorerError in one sentence otherwise."""
     from engine.errors import ExplorerError
 
-    if spec in ("raw", "bridge") or (isinstance(spec, str) and _NEWEST.get(spec, spec) in _ENGINES):
+    if spec in ("raw", "bridge", "renderers") or (isinstance(spec, str) and _NEWEST.get(spec, spec) in _ENGINES):
+        return str(spec)
+    if isinstance(spec, str) and spec.startswith("renderers@") and len(spec) <= 60:  # a version: the cell says if not
         return str(spec)
     if isinstance(spec, str) and len(spec) <= 200:
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
@@ -91,5 +93,5 @@ def known_engine(spec: object) -> str:
             except ValueError as err:
                 raise ExplorerError(str(err)) from None
     shown = repr(spec)[:60] if isinstance(spec, str) else f"of type {type(spec).__name__}"
-    raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, {', '.join(sorted(_NEWEST))} or one of their "
-                        f"versions ({', '.join(_ENGINES)}), or any vllm@X / sglang@X release on PyPI")
+    raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(_NEWEST))} or one "
+                        f"of their versions ({', '.join(_ENGINES)}), or any vllm@X / sglang@X release on PyPI")

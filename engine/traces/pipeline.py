@@ -5,12 +5,12 @@ sends. The replay of a trace step and the sample generator both go this way (the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.formats import AssistantTurn, Completion, ToolCallSpec, get_format
+from engine.formats import AssistantTurn, Completion, get_format
+from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
 from engine.serving.rendering import ServingUnavailable, served_model
 from engine.simulate import client_message, engine_request, raw_request, template_kwargs_of, undo_request_edit
@@ -111,16 +111,5 @@ def turn_of(message: dict, where: str) -> AssistantTurn:
     content = message.get("content") or ""
     if not isinstance(content, str):
         content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError:
-                arguments = None
-        if not isinstance(function, dict) or not isinstance(arguments, dict):
-            raise ExplorerError(f"{where}: a tool call needs function.name and JSON object arguments")
-        calls.append(ToolCallSpec(str(function.get("name")), arguments, call.get("id")))
-    return AssistantTurn(reasoning if isinstance(reasoning, str) else None, content, tuple(calls))
+    return AssistantTurn(reasoning if isinstance(reasoning, str) else None, content,
+                         tool_call_specs(message.get("tool_calls"), where))

@@ -129,8 +129,12 @@ def _bridged(step: _Step, broken: Boundary) -> Boundary:
     """The append-only next prompt (engine.simulate's bridge) over the replayed step."""
     model = step.model
     assert model.tokenizer is not None and step.previous.messages is not None
-    prompt = _bridge_prompt(model, broken.prev_prompt, broken.completion, broken.next_prompt,
-                            len(step.previous.messages))
+    assistant_index = len(step.previous.messages)
+    request = broken.next_request
+    tools, kwargs = (request.tools, request.kwargs) if request is not None else (None, {})
+    assistant = request.messages[assistant_index] if request is not None else {}
+    prompt = _bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
+                            lambda messages: render_request(model, served_by("raw"), messages, tools, kwargs)[0])
     appended = prompt.text[len(broken.prev_text):]
     prev_ids = broken.prev_ids or ()
     next_ids = prev_ids + model.tokenizer.encode(appended).ids
