@@ -98,7 +98,8 @@ class ServingPath:
 
 
 def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: str) -> ServingPath:
-    renderer = f"{model.renderer.origin} ({model.renderer.source_path})"
+    origin, source = model.renderer.origin, model.renderer.source_path
+    renderer = source if source.startswith(origin) else f"{origin} ({source})"
     if emulation is None:
         side = "none: the client's messages as sent" if column == "raw" else \
             "none: the previous prompt and completion kept, the new messages rendered"
