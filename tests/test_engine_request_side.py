@@ -5,25 +5,14 @@ engine's own renderer moves, and the cells an engine release cannot serve."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from engine.models import model_ids
-from engine.serving.real import fetch
 from engine.serving.rendering import serving_rule
 from engine.simulate import run_cell
+from tests.test_real_engines import need  # skips (outside CI) when a release is neither cached nor fetchable
 
 COLUMNS = {"vllm": "vllm@0.33.0", "sglang@0.5.23": "sglang@0.5.23", "sglang@0.5.12": "sglang@0.5.12"}
-
-
-def need(*specs: str) -> None:
-    """Skip (outside CI) when a release is neither cached nor fetchable."""
-    if all(fetch.cached_sources(s) is not None for s in specs):
-        return
-    if os.environ.get("CI") == "true" or fetch.network_available():
-        return
-    pytest.skip(f"{', '.join(specs)} not in the engine cache ({fetch.cache_dir()}) and PyPI is unreachable")
 
 
 @pytest.mark.parametrize(("engine", "version", "model_type", "renderer"), [
