@@ -13,10 +13,8 @@ rewrites the table between the markers in README.md.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import re
 import sys
 import time
 from collections import Counter
@@ -30,6 +28,7 @@ sys.path.insert(0, str(PROJECT))
 sys.path.insert(0, str(PROJECT / "tests" / "conformance"))
 
 import corpus  # noqa: E402
+from golden_serving import normalised, run_case  # noqa: E402
 
 from engine.serving.real import fetch  # noqa: E402
 from engine.serving.real.backend import AddedVocab, EngineWorkerError, RealEngine, worker_for  # noqa: E402
@@ -57,58 +56,6 @@ def golden_cases(spec: str, mode: str = "ns") -> list[dict]:
             if case["mode"] == mode:
                 cases.append({**case, "family": payload["family"], "tools": case.get("tools", payload["tools"])})
     return cases
-
-
-_RANDOM_ID = re.compile(r"^(chatcmpl-tool-|call_)[0-9a-f]{16,32}$")
-
-
-def normalised(result) -> dict | None:
-    """The fields the golden files record, ids normalised as the oracle did."""
-    if result.error:
-        return None
-    return {"reasoning": result.reasoning, "content": result.content,
-            "tool_calls": [{"id": _RANDOM_ID.sub(r"\1<uuid>", c.id) if c.id is not None else None, "name": c.name,
-                            "arguments": c.arguments}
-                           for c in result.tool_calls]}
-
-
-def run_case(engine: RealEngine, case: dict, *, trace: bool = False):
-    family = corpus.FAMILIES[case["family"]]
-    recipe = engine.name == "sglang" and family.name == "deepseek_v4"
-    model_vocab = _model_vocab(family.name)
-    # DeepSeek V4's 1,283 added tokens make vLLM >= 0.25 build its grammar tables for a second a request: the
-    # corpus's own list there, except for the recipe path that needs the whole tokenizer
-    merged = model_vocab.ids if len(model_vocab.ids) < 200 else {}
-    ids = {**merged, **family.special_tokens}
-    special = ((model_vocab.special & set(merged)) - set(family.special_tokens)) | \
-        (set(family.special_tokens) - family.not_special)
-    vocab = AddedVocab(ids, frozenset(special), model_vocab.tokenizer_json if recipe else None)
-    kwargs = case["chat_template_kwargs"]
-    if recipe and kwargs is None:
-        # the corpus's DeepSeek prompts end in <think>: the request that renders them asks for thinking, and the
-        # recipe path reads that flag from the request (serving_chat.py _thinking_requested)
-        kwargs = {"thinking": True}
-    return engine.parse(case["text"], reasoning_parser=case["reasoning_parser"], tool_parser=case["tool_parser"],
-                        tools=case["tools"], chunks=case["chunks"], chat_template_kwargs=kwargs,
-                        history_tool_calls=case["history_tool_calls"], vocab=vocab, prompt_tail=family.prompt_tail,
-                        trace=trace, stream=case["mode"] == "st")
-
-
-# The explorer's model whose real tokenizer each corpus family's outputs come from (Kimi's is not offline; GPT-OSS
-# jobs carry real harmony ids).
-FAMILY_MODELS = {"qwen3": "qwen3.6", "glm": "glm-5.1", "deepseek_v4": "deepseek-v4"}
-
-
-@functools.cache
-def _model_vocab(family: str) -> AddedVocab:
-    """The family's real tokenizer's added tokens (older releases look up tokens the corpus's short list lacks, e.g.
-    GLM's <|assistant|>); the corpus's own tokens and flags win where both name one. Its tokenizer.json also serves
-    SGLang >= 0.5.18, which sends DeepSeek V4 output through its recipe encoder and tokenizes with it."""
-    from engine.models import load_model
-
-    if family not in FAMILY_MODELS:
-        return AddedVocab({}, frozenset())
-    return AddedVocab.from_tokenizer(load_model(FAMILY_MODELS[family]).tokenizer) or AddedVocab({}, frozenset())
 
 
 @dataclass
@@ -262,13 +209,16 @@ def bench(model: str, scenario: str, repeat: int) -> dict:
     vocab = AddedVocab(dict(corpus.FAMILIES["qwen3"].special_tokens), frozenset())
     for spec in ("vllm@0.33.0", "vllm@0.20.2", "sglang@0.5.23", "sglang@0.5.12"):
         engine = RealEngine(*spec.split("@"))
-        engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
-        times = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab)
-            times.append((time.perf_counter() - started) * 1000)
-        figures[f"warm_parse_ms {spec}"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
+        for trace, name in ((False, "warm_parse_ms"), (True, "warm_traced_parse_ms")):
+            engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab,
+                         trace=trace)
+            times = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=tools, vocab=vocab,
+                             trace=trace)
+                times.append((time.perf_counter() - started) * 1000)
+            figures[f"{name} {spec}"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
     for engine_name in ("vllm", "sglang"):
         versions = [r.version for r in fetch.list_releases(engine_name)]
         backend.stop_workers()

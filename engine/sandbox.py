@@ -386,7 +386,10 @@ class SandboxedRenderer:
     """
 
     def __init__(self, source: str, *, model: str, source_path: str, special_tokens: dict[str, str] | None = None,
-                 limits: RenderLimits | None = None) -> None:
+                 limits: RenderLimits | None = None, worker: str | None = None) -> None:
+        """`worker`: a name for the worker process to render in, shared by every template given that name (a batch
+        such as the zoo scan pays one worker start instead of one per template; a limit still restarts it). None:
+        a worker of this template's own."""
         self.model = model
         self.source_path = source_path
         self.origin = f"template {model}"
@@ -396,6 +399,7 @@ class SandboxedRenderer:
         key_material = json.dumps([source, model, source_path, sorted(self._special_tokens.items())],
                                   ensure_ascii=False)
         self._key = hashlib.sha256(key_material.encode("utf-8", "surrogatepass")).hexdigest()
+        self._worker_key = f"shared:{worker}" if worker is not None else self._key
         self._constructs: ConstructTable | None = None
         self._request("compile", {})
 
@@ -405,7 +409,7 @@ class SandboxedRenderer:
     @property
     def worker_pid(self) -> int | None:
         """The process id of the worker that renders this template (for tests and status)."""
-        worker = _pool.get((self.limits.memory_mb, self._key))
+        worker = _pool.get((self.limits.memory_mb, self._worker_key))
         return worker.pid if worker is not None else None
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
@@ -477,7 +481,7 @@ class SandboxedRenderer:
 
     def _exchange(self, op: str, request: dict) -> dict:
         limits = self.limits
-        worker = _render_worker(limits.memory_mb, self._key, limits.max_workers)
+        worker = _render_worker(limits.memory_mb, self._worker_key, limits.max_workers)
         with worker.lock:
             try:
                 worker.ensure_ready(limits.startup_timeout_s)

@@ -5,11 +5,13 @@ real-engine backend (engine/serving/real; the pinned releases too, so every row 
 one `ReleaseOutcome` per release: status, first break and cause, and what the engine returned for each model turn.
 `changed` marks a release whose outcome differs from the release before it. `bisect=True` runs only the releases a
 binary search between the two ends needs, assuming one change between them; it finds the first release whose
-outcome differs from `first`'s.
+outcome differs from `first`'s. `TimelineRun` computes the same rows release by release in a background thread, for
+a caller (the app's release strip) that shows them as they arrive instead of waiting for all of them.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -59,9 +61,20 @@ def _outcome(cell: CellResult, release: str) -> ReleaseOutcome:
                           cell.cause.to_json() if cell.cause else None, parses, cell.note)
 
 
-def outcome(model: str, scenario: str, engine: str, version: str, kwargs: dict | None = None) -> ReleaseOutcome:
+def outcome(model: str, scenario: str, engine: str, version: str, kwargs: dict | None = None,
+            pair: str = "") -> ReleaseOutcome:
+    """The cell on one release, from its own code; `pair` ("qwen3+hermes", the engine's CLI names) replaces the
+    model's own parser pair."""
     spec = f"{engine}@{version}"
-    return _outcome(run_cell(model, scenario, f"real:{spec}", kwargs), spec)
+    return _outcome(run_cell(model, scenario, f"real:{spec}" + (f"/{pair}" if pair else ""), kwargs), spec)
+
+
+def marked(ordered: list[ReleaseOutcome]) -> list[ReleaseOutcome]:
+    """The rows with `changed` set where a release's outcome differs from the release before it."""
+    rows = ordered[:1]
+    for previous, current in zip(ordered, ordered[1:]):
+        rows.append(ReleaseOutcome(**{**current.__dict__, "changed": current.signature != previous.signature}))
+    return rows
 
 
 def timeline(model: str, scenario: str, engine: str, *, first: str | None = None, last: str | None = None,
@@ -89,8 +102,44 @@ def timeline(model: str, scenario: str, engine: str, *, first: str | None = None
     else:
         for version in versions:
             run(version)
-    ordered = [results[v] for v in versions if v in results]
-    marked = [ordered[0]]
-    for previous, current in zip(ordered, ordered[1:]):
-        marked.append(ReleaseOutcome(**{**current.__dict__, "changed": current.signature != previous.signature}))
-    return marked
+    return marked([results[v] for v in versions if v in results])
+
+
+class TimelineRun:
+    """A cell's timeline over every release of `engine`, computed oldest first in a daemon thread.
+
+    `rows()` is what has arrived so far (marked as `timeline` marks them), `done` whether all have, `error` the
+    sentence of a failure that stopped the run (a release whose cell fails is a row with status "error", not that).
+    Cost: one cell per release, about 1 s cold each (its worker starting), milliseconds warm."""
+
+    def __init__(self, model: str, scenario: str, engine: str, *, kwargs: dict | None = None, pair: str = "") -> None:
+        self.model, self.scenario, self.engine, self.kwargs, self.pair = model, scenario, engine, kwargs, pair
+        self.versions = releases(engine)
+        self._outcomes: list[ReleaseOutcome] = []
+        self._lock = threading.Lock()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"timeline {model} {scenario} {engine}", daemon=True)
+
+    def start(self) -> TimelineRun:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for version in self.versions:
+                row = outcome(self.model, self.scenario, self.engine, version, self.kwargs, self.pair)
+                with self._lock:
+                    self._outcomes.append(row)
+        except Exception as err:  # noqa: BLE001 - the run stops with one sentence; rows so far stay
+            self.error = f"{self.engine} release timeline stopped: {type(err).__name__}: {err}"
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive() and (self.error is not None or len(self._outcomes) == len(self.versions))
+
+    def rows(self) -> list[ReleaseOutcome]:
+        with self._lock:
+            return marked(list(self._outcomes))
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)

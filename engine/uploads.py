@@ -305,9 +305,10 @@ def _json_kind(value: Any) -> str:
 
 def probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str | None,
                  special_tokens: dict[str, str], render_limits: RenderLimits | None, *,
-                 label: str | None = None) -> str:
+                 label: str | None = None, worker: str | None = None) -> str:
     """The first request of the probe scenario (the basic conversation) as the upload's template renders it (the
-    base's without one); UploadError, one sentence, when it cannot be rendered or renders nothing."""
+    base's without one); UploadError, one sentence, when it cannot be rendered or renders nothing. `worker`: the
+    sandbox worker to render in (SandboxedRenderer's)."""
     from engine.models import load_model
     from engine.sandbox import RenderLimitExceeded, SandboxedRenderer, TemplateSyntaxProblem
     from engine.scenario import load_scenario
@@ -325,7 +326,7 @@ def probe_prompt(base_model: str, spec: ModelSpec, source: str | None, name: str
     assert name is not None
     try:
         renderer = SandboxedRenderer(source, model=label or f"{base_model} (upload)", source_path=name,
-                                     special_tokens=special_tokens, limits=render_limits)
+                                     special_tokens=special_tokens, limits=render_limits, worker=worker)
         text = renderer.render(messages, scenario.tools, add_generation_prompt=True, kwargs=kwargs).text
     except TemplateSyntaxProblem as err:
         where = f"line {err.source_line}, column {err.column}" if err.column else f"line {err.source_line}"

@@ -14,10 +14,11 @@ import streamlit as st
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
-from engine.parsers import engine_versions
+from engine.parsers import engine_versions, list_engines
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.simulate import CellResult, run_cell, run_cell_with
+from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
     LEGEND,
     cached_model,
@@ -400,6 +401,117 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         show_cell(cell, model, _apply_fix, key="detail", upload=described)
     except BaseException as err:  # noqa: BLE001 - the detail fails alone (a panic too); the matrix stays usable
         st.error(plain(f"This cell cannot be shown: {describe_error(err)}"))
+    try:
+        _release_strip(selected, user_kwargs(loaded[selected["model"]]))
+    except BaseException as err:  # noqa: BLE001 - the strip fails alone
+        st.error(plain(f"The release strip cannot be shown: {describe_error(err)}"))
+
+
+# The strip's colours: the matrix's status colours (STATUS_COLOURS), darker: a thin bar needs more contrast.
+STRIP_COLOURS = {"holds": "#4ac26b", "breaks": "#e5534b", "error": "#d4a72c", "unavailable": "#afb8c1"}
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _timeline_run(model_id: str, scenario: str, engine: str, pair: str, kwargs_json: str) -> TimelineRun:
+    """One background run per cell, shared by every session: each release's cell is computed once (and cached by
+    the simulator), so a second visitor or a re-run sees the strip at once."""
+    return TimelineRun(model_id, scenario, engine, kwargs=json.loads(kwargs_json), pair=pair).start()
+
+
+def _strip_cell(selected: dict) -> tuple[str, str, str] | None:
+    """(engine, version, parser pair) of a stock cell on a vLLM or SGLang release, else None."""
+    release, _, pair = str(selected["engine"]).removeprefix("real:").partition("/")
+    name, _, version = release.partition("@")
+    if name not in VERSIONS or not version or selected.get("upload"):
+        return None
+    return name, version, pair
+
+
+def _release_strip(selected: dict, kwargs: dict) -> None:
+    """This cell on every release of its engine, coloured by status, computed on demand in the background; a click on
+    a release opens that release's cell."""
+    cell = _strip_cell(selected)
+    if cell is None:
+        return
+    name, version, pair = cell
+    args = (selected["model"], selected["scenario"], name, pair, json.dumps(kwargs, sort_keys=True))
+    key = "strip:" + json.dumps(args)
+    started = st.session_state.setdefault("strips_started", set())
+    st.markdown(f"**This cell on every {name} release**")
+    if key not in started:
+        st.caption(f"{len(VERSIONS[name])} releases, each run from its own code (about a second each the first "
+                   "time, then kept while the server runs); the page stays usable meanwhile.")
+        slot = st.empty()
+        if not slot.button("Show the release strip", key=f"{key}:start"):
+            return
+        slot.empty()
+        started.add(key)
+    run = _timeline_run(*args)
+    if run.done:
+        _draw_strip(run, key, name, version, pair)
+    else:
+        _strip_progress(args, key, name, version)
+
+
+@st.fragment(run_every=2.0)
+def _strip_progress(args: tuple, key: str, name: str, version: str) -> None:
+    """Redrawn every two seconds while the run fills in (only this fragment reruns); the whole page once it is done."""
+    run = _timeline_run(*args)
+    if run.done:
+        st.rerun()
+    rows = run.rows()
+    st.progress(len(rows) / max(1, len(run.versions)),
+                text=f"{len(rows)} of {len(run.versions)} {name} releases run…")
+    if rows:
+        st.plotly_chart(_strip_figure(rows, run.versions, version), key=f"{key}:live", config={"displayModeBar": False})
+
+
+def _draw_strip(run: TimelineRun, key: str, name: str, version: str, pair: str) -> None:
+    rows = run.rows()
+    if run.error:
+        st.error(plain(run.error))
+    changes = [r.release.split("@")[1] for r in rows if r.changed]
+    st.caption(f"{len(rows)} releases, oldest left; ● marks a release whose outcome differs from the one before"
+               + (f" ({', '.join(changes)})" if changes else " (none)") + "; the outlined one is this cell. "
+               "Click a release to open its cell.")
+
+    def open_release() -> None:
+        points = st.session_state[f"{key}:chart"].selection.points
+        if points:
+            picked = str(points[0]["x"])
+            # the strip ran every release from its own code: the pinned ones too (real:), so the cell matches its bar
+            spec = f"{name}@{picked}"
+            spec = spec if spec not in list_engines() else f"real:{spec}"
+            st.session_state.selected = {**st.session_state.selected, "engine": spec + (f"/{pair}" if pair else "")}
+
+    st.plotly_chart(_strip_figure(rows, run.versions, version), key=f"{key}:chart", on_select=open_release,
+                    selection_mode="points", config={"displayModeBar": False})
+
+
+def _strip_figure(rows: list[ReleaseOutcome], versions: list[str], current: str) -> go.Figure:
+    """One bar per release, coloured by status; hover: status, first break, cause. Releases not run yet are blank."""
+    by_version = {r.release.split("@")[1]: r for r in rows}
+    colours, outlines, hover, marks = [], [], [], []
+    for version in versions:
+        row = by_version.get(version)
+        colours.append(STRIP_COLOURS[row.status] if row else "#ffffff")
+        outlines.append(3 if version == current else 0.5)
+        marks.append("●" if row and row.changed else "")
+        if row is None:
+            hover.append(f"{version}: not run yet")
+            continue
+        cause = row.cause or {}
+        where = f"<br>{cause.get('stage')} {cause.get('kind')} {cause.get('location')}" if cause else ""
+        note = f"<br>{row.note[:120]}" if row.note else ""
+        broke = f" at boundary {row.first_break}" if row.first_break else ""
+        hover.append(f"{row.release}: {row.status}{broke}{where}{note}")
+    figure = go.Figure(go.Bar(x=versions, y=[1] * len(versions), marker_color=colours, marker_line_color="#24292f",
+                              marker_line_width=outlines, hovertext=hover, hoverinfo="text", text=marks,
+                              textposition="outside", cliponaxis=False, textfont={"size": 14, "color": "#24292f"}))
+    figure.update_layout(height=150, margin={"l": 10, "r": 10, "t": 18, "b": 10}, bargap=0.08, showlegend=False,
+                         yaxis={"visible": False, "range": [0, 1.35]}, plot_bgcolor="rgba(0,0,0,0)",
+                         xaxis={"type": "category", "tickangle": -60, "tickfont": {"size": 10}})
+    return figure
 
 
 def _write_url() -> None:

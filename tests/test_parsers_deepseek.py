@@ -1,8 +1,11 @@
 """DeepSeek DSML emulations beyond the golden corpus: bad input, a 1 MB output, the V3.2 names, edit locations.
 
-Every expected value below was produced by running the real vLLM 0.33.0 / SGLang 0.5.23 / 0.5.12 parser classes on
-the same input through tests/conformance/oracle_runner.py (the vLLM streaming no-tools case follows
-stream_processor.py instead, which drops calls the oracle glue keeps; see that test).
+Every expected value below was produced by running the real vLLM 0.33.0 / SGLang 0.5.12 parser classes on the same
+input (the vLLM streaming no-tools case follows stream_processor.py, which drops calls the earlier oracle glue kept;
+SGLang 0.5.12's streamed unclosed call follows its serving_chat.py _check_for_unstreamed_tool_args). SGLang 0.5.23
+with `deepseekv4` is not emulated: it parses through deepseek-recipe in the release's own code, which these tests run
+(engine/parsers/sglang_0_5_23/deepseek_recipe.py; its rows are what that code returned, with the corpus's thinking
+request); `deepseekv32` on 0.5.23 is still the emulation.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 import time
 
 import pytest
+from conftest import require_release
 
 from engine.parsers import get_engine
 from engine.parsers.base import EditLog
@@ -61,13 +65,19 @@ def token_chunks(text: str, width: int = 4) -> list[str]:
 
 def parse(spec: str, text: str, stream: bool, chunks: list[str] | None = None, **names: str | None) -> ParseResult:
     reasoning_parser, tool_parser = PAIRS[spec]
+    tool_parser = names.get("tool_parser", tool_parser)
+    kwargs = None
+    if spec == "sglang@0.5.23" and tool_parser == "deepseekv4":
+        require_release(spec)
+        kwargs = {"thinking": True}  # the recipe path reads it from the request, as the golden corpus asks
     return get_engine(spec).parse(
         text,
         reasoning_parser=names.get("reasoning_parser", reasoning_parser),
-        tool_parser=names.get("tool_parser", tool_parser),
+        tool_parser=tool_parser,
         tools=names.get("tools", TOOLS),  # type: ignore[arg-type]
         stream=stream,
         chunks=chunks if chunks is not None else token_chunks(text),
+        chat_template_kwargs=kwargs,
     )
 
 
@@ -81,6 +91,7 @@ UNBALANCED = (
     f'<{D}parameter name="city" string="true">'
 )
 SURROGATE = "R.</think>bad \udcff bytes"
+RECIPE_FAILED = "sglang@0.5.23's own code (DeepSeek V4 through deepseek-recipe) failed: "
 BAD_INPUT_CASES = [
     # (engine, input, stream, (reasoning, content, calls, error))
     ("vllm@0.33.0", GARBAGE, False, (GARBAGE, None, [], None)),
@@ -91,19 +102,23 @@ BAD_INPUT_CASES = [
     ("vllm@0.33.0", UNBALANCED, True, (None, None, [(VLLM_ID, "get_weather", '{"city": "')], None)),
     ("vllm@0.33.0", SURROGATE, False, ("R.", "bad \udcff bytes", [], None)),
     ("vllm@0.33.0", SURROGATE, True, ("R.", "bad \udcff bytes", [], None)),
-    ("sglang@0.5.23", GARBAGE, False, (GARBAGE, "", [], None)),
-    ("sglang@0.5.23", GARBAGE, True, (GARBAGE, None, [], None)),
+    # deepseek-recipe on the real tokenizer's ids: an output ending in two U+FFFD comes back without them streamed and
+    # without any reasoning whole; the unclosed call is returned with the arguments seen so far
+    ("sglang@0.5.23", GARBAGE, False, (None, "", [], None)),
+    ("sglang@0.5.23", GARBAGE, True, (GARBAGE[:-2], None, [], None)),
     ("sglang@0.5.23", "", False, (None, "", [], None)),
     ("sglang@0.5.23", "", True, (None, None, [], None)),
-    ("sglang@0.5.23", UNBALANCED, False, (None, "</think>", [], None)),
-    ("sglang@0.5.23", UNBALANCED, True, (None, "</think>", [], None)),
-    ("sglang@0.5.23", SURROGATE, False, ("R.", "bad \udcff bytes", [], None)),
-    ("sglang@0.5.23", SURROGATE, True, ("R.", "bad \udcff bytes", [], None)),
+    ("sglang@0.5.23", UNBALANCED, False, (None, "", [(SGLANG_ID, "get_weather", '{"city": "')], None)),
+    ("sglang@0.5.23", UNBALANCED, True, (None, None, [(SGLANG_ID, "get_weather", '{"city": "')], None)),
+    # a lone surrogate is no text a tokenizer can turn into the ids this path parses: one sentence
+    ("sglang@0.5.23", SURROGATE, False, (None, None, [], RECIPE_FAILED + "TypeError: TextInputSequence must be str")),
+    ("sglang@0.5.23", SURROGATE, True, (None, None, [], RECIPE_FAILED + "TypeError: TextInputSequence must be str")),
     ("sglang@0.5.12", GARBAGE, False, (GARBAGE, None, [], None)),  # serving_chat.py:1190: "" goes out as null
     ("sglang@0.5.12", "", True, (None, None, [], None)),
-    # 0.5.12 kept the whole text when no call parsed, and streamed the unclosed invoke's name with "{}"
+    # 0.5.12 kept the whole text when no call parsed, and streamed the unclosed invoke's name; the stream's end
+    # JSON-dumps its arguments string "{}" (serving_chat.py:1690-1699) and, nothing having been streamed, sends it all
     ("sglang@0.5.12", UNBALANCED, False, (None, UNBALANCED.removeprefix("</think>"), [], None)),
-    ("sglang@0.5.12", UNBALANCED, True, (None, "</think>", [(SGLANG_ID, "get_weather", "{}")], None)),
+    ("sglang@0.5.12", UNBALANCED, True, (None, "</think>", [(SGLANG_ID, "get_weather", '"{}"')], None)),
     ("sglang@0.5.12", SURROGATE, True, ("R.", "bad \udcff bytes", [], None)),
 ]
 
@@ -122,8 +137,8 @@ BIG_CASES = [
     ("vllm@0.33.0", False, "Plan.", "\n\nSearching.\n\n"),
     # 64 KB ordinary chunks: "</think>" arrives as text, so once token ids flow it is not a terminal
     ("vllm@0.33.0", True, "Plan.\n</think>\n\nSearching.", None),
-    ("sglang@0.5.23", False, "Plan.\n", "\n\nSearching."),
-    ("sglang@0.5.23", True, "Plan.\n", "\n\nSearching."),
+    ("sglang@0.5.23", False, "Plan.", "Searching."),
+    ("sglang@0.5.23", True, "Plan.", "Searching."),
     ("sglang@0.5.12", False, "Plan.\n", "Searching."),
     ("sglang@0.5.12", True, "Plan.", None),
 ]
@@ -264,9 +279,10 @@ def test_edits_point_at_the_real_lines() -> None:
     streamed = parse("vllm@0.33.0", f"R.</think>Hi{bos} there", True, ["R.", "</think>", "Hi", bos, " the", "re"])
     assert streamed.content == "Hi there"
     assert _edit(streamed, "drop_special_token")[1:] == ("vllm/parser/engine/streaming_parser_engine.py", 415, bos, "")
-    padded = f'R.</think><{D}tool_calls>\n<{D}invoke name="search">\n<{D}parameter name="query" string="true">  x  '
-    padded += f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"
-    assert _edit(parse("sglang@0.5.23", padded, False), "param_value_strip") == (
+    padded = f'R.</think><{D}function_calls>\n<{D}invoke name="search">\n<{D}parameter name="query" string="true">  x  '
+    padded += f"</{D}parameter>\n</{D}invoke>\n</{D}function_calls>"
+    v32 = parse("sglang@0.5.23", padded, False, reasoning_parser="deepseek-v3", tool_parser="deepseekv32")
+    assert _edit(v32, "param_value_strip") == (
         "sglang 0.5.23",
         "sglang/srt/function_call/deepseekv32_detector.py",
         171,

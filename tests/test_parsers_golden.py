@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_release
 
 from engine.parsers import get_engine, list_engines
+from engine.parsers.sglang_0_5_23 import deepseek_recipe
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -35,6 +37,8 @@ def _normalised(result) -> dict:
 @pytest.mark.parametrize(("spec", "tools", "case"), _cases())
 def test_golden(spec: str, tools: list[dict], case: dict) -> None:
     engine = get_engine(spec)
+    if deepseek_recipe.owns(engine.version, case["tool_parser"]):
+        require_release(spec)  # not emulated: the release's own code (engine/parsers/sglang_0_5_23/deepseek_recipe.py)
     result = engine.parse(
         case["text"],
         reasoning_parser=case["reasoning_parser"],

@@ -137,6 +137,10 @@ class OutputFormat:
     # How the model's own template wants tool-call arguments in history: "mapping" (it iterates them) or
     # "string" (it prints a string as-is). The raw engine hands them over that way, losslessly.
     arguments_in_history: ClassVar[str] = "mapping"
+    # Literal strings a chat template's source contains when it renders this format's tool calls / reasoning. The zoo
+    # scan (engine/zoo.py) matches a template to the format whose markers all occur, most markers first; () never
+    # matches.
+    template_markers: ClassVar[tuple[str, ...]] = ()
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         raise NotImplementedError
@@ -161,6 +165,13 @@ def get_format(family: str) -> OutputFormat:
         return _REGISTRY[family]
     except KeyError:
         raise KeyError(f"unknown output format {family!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def registered_formats() -> tuple[OutputFormat, ...]:
+    """Every output format, by family name."""
+    import engine.formats  # noqa: F401 - registers the families
+
+    return tuple(_REGISTRY[family] for family in sorted(_REGISTRY))
 
 
 def tool_call_specs(calls: Any, where: str) -> tuple[ToolCallSpec, ...]:

@@ -27,6 +27,7 @@ DSML = "｜DSML｜"
 class DsmlFormat(OutputFormat):
     family = "dsml"
     arguments_in_history = "string"
+    template_markers = ("｜DSML｜", "tool_calls>", "invoke name=", "parameter name=")  # V4; V3.2 writes function_calls
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

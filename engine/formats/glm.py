@@ -24,6 +24,7 @@ from engine.types import ParseResult, ToolCall
 class GlmFormat(OutputFormat):
     family = "glm"
     arguments_in_history = "mapping"
+    template_markers = ("<tool_call>", "<arg_key>", "<arg_value>")
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

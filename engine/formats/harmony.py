@@ -15,6 +15,7 @@ from engine.types import ParseResult, ToolCall
 class HarmonyFormat(OutputFormat):
     family = "harmony"
     arguments_in_history = "string"
+    template_markers = ("<|channel|>", "<|message|>", "<|call|>", "commentary")
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

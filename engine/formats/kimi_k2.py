@@ -27,6 +27,8 @@ _CALL = r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*?)(?:<\|too
 class KimiK2Format(OutputFormat):
     family = "kimi_k2"
     arguments_in_history = "string"
+    template_markers = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                        "<|tool_call_end|>")
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

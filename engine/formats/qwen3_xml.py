@@ -27,6 +27,7 @@ def _newlines(value: int | None, canonical: int) -> str:
 class Qwen3XmlFormat(OutputFormat):
     family = "qwen3_xml"
     arguments_in_history = "mapping"
+    template_markers = ("<tool_call>", "<function=", "<parameter=")
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs

@@ -1,10 +1,14 @@
-"""Regenerate tests/golden/ by running the REAL vLLM / SGLang parsers on the corpus.
+"""Regenerate tests/golden/ by running each pinned release's own serving code on the corpus.
 
-    python tests/conformance/generate.py [--work /tmp/drift-oracle] [--only vllm@0.33.0]
+    python tests/conformance/generate.py [--only sglang@0.5.23]
 
-Creates a throw-away venv under --work, downloads the engine wheels with `pip download --no-deps`, unpacks only their
-Python sources into one sys.path root per engine version (never into the project), installs the few light
-dependencies the parsers need, and runs tests/conformance/oracle_runner.py once per engine version.
+Every case goes through the real-engine backend (engine/serving/real: the release's Python sources fetched from
+PyPI into the engine cache, run in a sandboxed worker): vLLM's chat_completion_full_generator and streaming generator,
+SGLang's _build_chat_response and _generate_chat_stream, with the parsers, serving-layer rules and (SGLang 0.5.23,
+DeepSeek V4) the deepseek-recipe path that release's server runs. The expected values are what a client of that
+server receives, not what the parser classes return on their own (the earlier oracle's hand-written glue differed
+from the serving code in 32 cases: SGLang 0.5.23 parses DeepSeek V4 through deepseek-recipe, and SGLang 0.5.12's
+_check_for_unstreamed_tool_args re-dumps DSML arguments that are already a string).
 """
 
 from __future__ import annotations
@@ -12,10 +16,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -24,41 +26,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(PROJECT))
 
 import corpus  # noqa: E402
+import golden_serving  # noqa: E402
 import known_gaps  # noqa: E402
 
-ENGINES = {
-    "vllm@0.33.0": ("vllm", "vllm==0.33.0"),
-    "sglang@0.5.23": ("sglang", "sglang==0.5.23"),
-    "sglang@0.5.12": ("sglang", "sglang==0.5.12"),
-}
-LIGHT_DEPS = ["pydantic", "partial-json-parser", "regex", "orjson", "packaging", "openai-harmony==0.0.8"]
+PINNED = ("vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12")
 GOLDEN = PROJECT / "tests" / "golden"
-
-
-def ensure_venv(work: Path) -> Path:
-    python = work / "venv" / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *LIGHT_DEPS], check=True)
-    return python
-
-
-def ensure_root(work: Path, spec: str, requirement: str) -> Path:
-    root = work / "roots" / spec
-    marker = root / ".complete"
-    if marker.exists():
-        return root
-    wheels = work / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(wheels)], check=True
-    )
-    name, version = requirement.split("==")
-    wheel = next(wheels.glob(f"{name}-{version}-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(root, [n for n in archive.namelist() if n.endswith(".py")])
-    marker.touch()
-    return root
 
 
 @functools.cache
@@ -88,35 +60,34 @@ def build_jobs(engine: str) -> list[dict]:
             variants += [(f"{name}~no_tools", text, None) for name, text in corpus.texts_for(family)
                          if name in corpus.NO_TOOLS_CASES]
             for case_name, text, tools in variants:
-                token_ids = harmony_tokens(text) if family.harmony else None
-                chunks = harmony_chunks(token_ids) if family.harmony else corpus.chunk(text, family)
+                chunks = harmony_chunks(harmony_tokens(text)) if family.harmony else corpus.chunk(text, family)
                 for mode in ("ns", "st"):
-                    jobs.append(
-                        {
-                            "id": f"{family.name}/{reasoning_parser}+{tool_parser}/{case_name}/{mode}",
-                            "family": family.name,
-                            "case": case_name,
-                            "mode": mode,
-                            "text": text,
-                            "tools": tools,
-                            "reasoning_parser": reasoning_parser,
-                            "tool_parser": tool_parser,
-                            "chunks": chunks,
-                            "token_ids": token_ids,
-                            "special_tokens": family.special_tokens,
-                            "not_special": sorted(family.not_special),
-                            "prompt_tail": family.prompt_tail,
-                            "model_type": family.model_type,
-                            "harmony": family.harmony,
-                            "chat_template_kwargs": None,
-                            "history_tool_calls": 0,
-                        }
-                    )
+                    jobs.append({
+                        "id": f"{family.name}/{reasoning_parser}+{tool_parser}/{case_name}/{mode}",
+                        "family": family.name, "mode": mode, "text": text, "tools": tools,
+                        "reasoning_parser": reasoning_parser, "tool_parser": tool_parser, "chunks": chunks,
+                        "chat_template_kwargs": golden_serving.request_kwargs(engine, family.name),
+                        "history_tool_calls": 0,
+                    })
     return jobs
 
 
-def write_golden(spec: str, jobs: list[dict], results: list[dict], seconds: float) -> int:
-    by_id = {r["id"]: r for r in results}
+def run_jobs(spec: str, jobs: list[dict]) -> dict[str, dict]:
+    """Each job through the release's own serving code: {"output": the recorded fields | None, "error": str | None}."""
+    from engine.serving.real.backend import RealEngine
+
+    engine = RealEngine(*spec.split("@"))
+    results = {}
+    for job in jobs:
+        result = golden_serving.run_case(engine, job)
+        if result.warnings:
+            sys.exit(f"{spec} {job['id']}: the parse touched stubbed code ({', '.join(result.warnings)}); its result "
+                     "is not the server's")
+        results[job["id"]] = {"output": golden_serving.normalised(result), "error": result.error}
+    return results
+
+
+def write_golden(spec: str, jobs: list[dict], by_id: dict[str, dict], seconds: float) -> int:
     out_dir = GOLDEN / spec
     out_dir.mkdir(parents=True, exist_ok=True)
     families: dict[str, list[dict]] = {}
@@ -144,7 +115,7 @@ def write_golden(spec: str, jobs: list[dict], results: list[dict], seconds: floa
             "engine": spec,
             "family": family,
             "tools": corpus.TOOLS,
-            "oracle_seconds": round(seconds, 1),
+            "seconds": round(seconds, 1),
             "cases": cases,
         }
         (out_dir / f"{family}.json").write_text(
@@ -155,35 +126,16 @@ def write_golden(spec: str, jobs: list[dict], results: list[dict], seconds: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--work", default="/tmp/drift-oracle", type=Path)
-    parser.add_argument("--only", action="append", help="engine@version to regenerate (default: all)")
+    parser.add_argument("--only", action="append", choices=PINNED, help="engine@version to regenerate (default: all)")
     args = parser.parse_args()
     started = time.monotonic()
-    python = ensure_venv(args.work)
-    for spec in args.only or list(ENGINES):
-        engine, requirement = ENGINES[spec]
-        root = ensure_root(args.work, spec, requirement)
-        jobs = build_jobs(engine)
+    for spec in args.only or PINNED:
+        jobs = build_jobs(spec.split("@")[0])
         t0 = time.monotonic()
-        env = {
-            "TIKTOKEN_ENCODINGS_BASE": str(
-                __import__("engine.parsers.harmony_encoding", fromlist=["x"]).o200k_base_path().parent
-            ),
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(Path.home()),
-        }
-        proc = subprocess.run(
-            [str(python), str(HERE / "oracle_runner.py"), engine, str(root)],
-            input=json.dumps(jobs),
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"oracle failed for {spec}:\n{proc.stderr[-4000:]}")
+        results = run_jobs(spec, jobs)
         seconds = time.monotonic() - t0
-        count = write_golden(spec, jobs, json.loads(proc.stdout), seconds)
-        print(f"{spec}: {count} cases, oracle {seconds:.1f}s")
+        count = write_golden(spec, jobs, results, seconds)
+        print(f"{spec}: {count} cases through its serving code, {seconds:.1f}s")
     print(f"total {time.monotonic() - started:.1f}s")
 
 

@@ -466,3 +466,14 @@ class SglangDeepSeekParser0512(SglangDeepSeekParser):
         """function_call_parser.py:112-131: with no call the whole text is kept, markup included."""
         normal, calls = detector.detect_and_parse(text, tools)
         return (normal, calls) if calls else (text, [])
+
+    unstreamed_lines = (1690, 1699)
+
+    @staticmethod
+    def unstreamed_remainder(expected: object, actual: str) -> str:
+        """0.5.12's serving_chat.py:1690-1699 JSON-dumps the arguments even when the detector stored them as a
+        string (DSML does), and removes what was streamed wherever it occurs in that: a finished call without
+        arguments gets '""' after its '{}', a truncated one nothing (its streamed prefix is not in the escaped dump)."""
+        expected_call = json.dumps(expected, ensure_ascii=False)
+        return expected_call.replace(actual, "", 1) if actual in expected_call else ""
+

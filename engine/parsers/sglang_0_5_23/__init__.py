@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
+from engine.parsers.sglang_0_5_23 import deepseek_recipe
 from engine.parsers.sglang_0_5_23.deepseek import SglangDeepSeekParser
 from engine.parsers.sglang_0_5_23.glm import SglangGlmParser
 from engine.parsers.sglang_0_5_23.gpt_oss import SglangGptOssParser
 from engine.parsers.sglang_0_5_23.kimi_k2 import SglangKimiK2Parser
 from engine.parsers.sglang_0_5_23.qwen3 import SglangQwen3Parser
+from engine.types import ParseResult
 
 REASONING_FAMILY = {
     "qwen3": "qwen3",
@@ -46,6 +49,19 @@ class SglangEmulation(EngineEmulation):
         "deepseek": SglangDeepSeekParser,
         "gpt_oss": SglangGptOssParser,
     }
+
+    def parse(self, text: str, *, reasoning_parser: str | None, tool_parser: str | None,
+              tools: list[dict] | None = None, stream: bool = False, chunks: list[str] | None = None,
+              chat_template_kwargs: dict | None = None, history_tool_calls: int = 0,
+              tokenizer: Any = None) -> ParseResult:
+        if deepseek_recipe.owns(self.version, tool_parser):  # the release's own code (deepseek_recipe.py)
+            self._check_names(reasoning_parser, tool_parser)
+            return deepseek_recipe.parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                                         stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
+                                         history_tool_calls=history_tool_calls, tokenizer=tokenizer)
+        return super().parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                             stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
+                             history_tool_calls=history_tool_calls, tokenizer=tokenizer)
 
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
         # detokenizer_manager.py:218-220 keeps <|call|> (id 200012) when the tool parser is gpt-oss: the detector

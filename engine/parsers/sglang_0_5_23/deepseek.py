@@ -25,6 +25,7 @@ REASONING = "sglang/srt/parser/reasoning_parser.py"
 DETECTOR = "sglang/srt/function_call/deepseekv32_detector.py"
 BASE_DETECTOR = "sglang/srt/function_call/base_format_detector.py"
 PARSER = "sglang/srt/function_call/function_call_parser.py"
+SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
 RANDOM_ID = "call_<uuid>"
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -486,7 +487,7 @@ class SglangDeepSeekParser(FamilyParser):
                     entry["name"] = (entry["name"] or "") + item.name
                 entry["arguments"] = (entry["arguments"] or "") + item.parameters
             if finished:
-                self._unstreamed_arguments(detector, calls)
+                self._unstreamed_arguments(detector, calls, log)
         if detector is not None:
             log.record(
                 "stream_content_without_dsml",
@@ -501,19 +502,27 @@ class SglangDeepSeekParser(FamilyParser):
         )
         return ParsedTurn(reasoning_out or None, content_out or None, turn_calls)
 
-    @staticmethod
-    def _unstreamed_arguments(detector: DsmlDetector, calls: dict[int, dict[str, str | None]]) -> None:
-        """serving_chat.py _check_for_unstreamed_tool_args: the last call's arguments not yet sent are appended."""
+    def _unstreamed_arguments(self, detector: DsmlDetector, calls: dict[int, dict[str, str | None]],
+                              log: EditLog) -> None:
+        """serving_chat.py _check_for_unstreamed_tool_args (3793-3805): the last call's arguments not yet sent are
+        appended (a string as it is, anything else JSON-dumped; only what extends what was streamed)."""
         previous, streamed = detector.prev_tool_call_arr, detector.streamed_args_for_tool
         if not previous or not streamed:
             return
         index = len(previous) - 1
         if index >= len(streamed):
             return
-        expected = previous[index].get("arguments", {})
-        expected = expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
-        actual = streamed[index]
-        remaining = expected[len(actual) :] if expected.startswith(actual) else ""
+        remaining = self.unstreamed_remainder(previous[index].get("arguments", {}), streamed[index])
         if remaining:
             entry = calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
-            entry["arguments"] = (entry["arguments"] or "") + remaining
+            before = entry["arguments"] or ""
+            entry["arguments"] = before + remaining
+            log.record("unstreamed_arguments", before, entry["arguments"], SERVING_CHAT, *self.unstreamed_lines,
+                       "the arguments the stream had not sent yet are sent when it ends")
+
+    unstreamed_lines = (3793, 3805)
+
+    @staticmethod
+    def unstreamed_remainder(expected: object, actual: str) -> str:
+        expected_call = expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
+        return expected_call[len(actual) :] if expected_call.startswith(actual) else ""

@@ -40,6 +40,7 @@ from engine.types import Edit, Location, ParseResult, ToolCall
 
 ROOT = Path(__file__).resolve().parents[3]
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
+RECIPE_PARSERS = frozenset({"deepseekv4", "deepseek-v4", "deepseekv41", "deepseek-v41"})
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ class Worker:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
             assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(request, ensure_ascii=False) + "\n")
+            # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
+            self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             return self._read(timeout_s, request.get("op", "answer"))
 
@@ -187,7 +189,7 @@ class AddedVocab:
     ids: dict[str, int]
     special: frozenset[str]
     # The model's whole tokenizer.json (a file in the engine cache), for serving code that tokenizes itself
-    # (SGLang >= 0.5.18 sends DeepSeek V4 output through its recipe encoder); the worker then uses real ids.
+    # (SGLang 0.5.23 sends DeepSeek V4 output through deepseek-recipe); the worker then uses real ids.
     tokenizer_json: str | None = None
 
     @classmethod
@@ -251,17 +253,25 @@ def tokenizer_file(backend: Any) -> str:
 
 def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edit, ...]:
     """The release's own edits behind each response field, from the tracer: for every field whose value is not the
-    model text, the last string edit in the engine's files that produced exactly that value (file:line of that
-    release), and for an empty answer sent as null the line where the local became None."""
+    model text, the last edit in the engine's files that produced exactly that value (file:line of that release): a
+    string local that changed into it, else (reasoning and content, cut from the model text) the first local one
+    expression set to it; and for an empty answer sent as null the line where the local became None."""
     fields = [("reasoning", result.get("reasoning")), ("content", result.get("content"))]
     fields += [(f"arguments of {c['name']}", c["arguments"]) for c in result.get("tool_calls", [])]
     edits: list[Edit] = []
     for name, value in fields:
         if value is None or value == text:
             continue
-        for edit in reversed(trace.get("edits", [])):
-            if edit["kind"] == "string" and edit["after"] == value[:200] and edit["before"] != edit["after"]:
-                edits.append(Edit(f"{name}: {edit['variable']}", edit["before"], edit["after"],
+        for kind in ("string", "set") if name in ("reasoning", "content") else ("string",):
+            # the last string edit that made the value; else the first expression that produced it (later sets only
+            # pass it on, e.g. serving code unpacking the parser's result)
+            found = [e for e in trace.get("edits", []) if e["kind"] == kind and e["after"] == value[:200]
+                     and e["before"] != e["after"]]
+            edit = (found[-1] if kind == "string" else found[0]) if found else None
+            if edit is not None:
+                # a set edit has no before of its own: the model text it was made from
+                before = edit["before"] if edit["before"] is not None else text[:200]
+                edits.append(Edit(f"{name}: {edit['variable']}", before, edit["after"],
                                   Location(origin, edit["file"], edit["line"], None),
                                   f"the release's code set {edit['variable']} to the {name} returned"))
                 break
@@ -367,12 +377,21 @@ class RealEngine(EngineEmulation):
               tools: list[dict] | None = None, stream: bool = False, chunks: list[str] | None = None,
               chat_template_kwargs: dict | None = None, history_tool_calls: int = 0, tokenizer: Any = None,
               vocab: AddedVocab | None = None, prompt_tail: list[str] | None = None,
-              force_reasoning: bool = True, trace: bool = False) -> ParseResult:
+              force_reasoning: bool = True, trace: bool | None = None) -> ParseResult:
         """What the release's serving code returns for `text`; `stream=True` drives its streaming generator with
-        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`) supplies the added tokens."""
+        `chunks` (default: 4-character pieces). `vocab` (or the model's `tokenizer`) supplies the added tokens.
+        `trace` (default: where it is cheap, `traces_cheaply`) runs the line tracer: the result's edits are then the
+        release's executed lines that made each field."""
         self._check_names(reasoning_parser, tool_parser)
-        vocab = vocab or (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) \
-            or AddedVocab({}, frozenset())
+        if trace is None:
+            trace = self.traces_cheaply
+        if vocab is None and tokenizer is not None:
+            vocab = AddedVocab.from_tokenizer(tokenizer)
+            if vocab is not None and not self.tokenizes_output(reasoning_parser, tool_parser):
+                # the text parsers look up added tokens only: loading the whole tokenizer.json in a fresh worker
+                # (about a second for Qwen's) would be most of a cold cell
+                vocab = AddedVocab(vocab.ids, vocab.special)
+        vocab = vocab or AddedVocab({}, frozenset())
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
         if stream and chunks is None:
             chunks = default_chunks(text)
@@ -400,6 +419,20 @@ class RealEngine(EngineEmulation):
             edits = traced_edits(self.origin, text, result, self.last_trace)
         return ParseResult(result["reasoning"], result["content"], calls, edits,
                            warnings=tuple(reply.get("warnings", ())))
+
+    def tokenizes_output(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
+        """Whether this release's serving code turns the output into token ids with the model's own tokenizer for these
+        parsers: SGLang 0.5.23's deepseek-recipe path (chat_encoding_adapters.py ADAPTER_OUTPUT_PARSERS; earlier SGLang
+        releases get the real ids too and do not need them)."""
+        return self.name == "sglang" and (tool_parser in RECIPE_PARSERS or reasoning_parser in RECIPE_PARSERS)
+
+    @property
+    def traces_cheaply(self) -> bool:
+        """Whether the tracer costs this release tens of milliseconds a parse at most (median of 15, qwen3 +
+        qwen3_coder, one call, load 7-8 from other work: SGLang 0.5.23 0.85 -> 26 ms, vLLM 0.20.2 1.0 -> 19 ms) rather
+        than a hundred (vLLM 0.24.0 3.8 -> 106 ms, 0.25.1 3.9 -> 130 ms: its parser engine runs about 1,300 lines a
+        parse), so a cell's cause can cite executed lines."""
+        return self.name == "sglang" or fetch.Version(self.version) < fetch.Version("0.21")
 
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
         return _pinned(self.name).output_text(text, stop_token, tool_parser)

@@ -130,6 +130,25 @@ class Glue:
         return {"reasoning": message.reasoning_content, "content": message.content, "tool_calls": calls,
                 "error": None}
 
+    def render_prompt(self, job: dict, tokenizer: Any) -> dict:
+        """The prompt the release's serving code builds for a chat request (messages, tools, chat_template_kwargs),
+        through its own request path, `_process_messages` (its chat encodings, e.g. 0.5.23's deepseek-recipe for
+        DeepSeek V4, or the Jinja template it was given): the prompt ids and their decoded text, or the sentence the
+        server would answer 400 with."""
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
+                               bool(job.get("force_reasoning", True)), tokenizer)
+        try:
+            request = self.protocol.ChatCompletionRequest(
+                messages=job["messages"], model="m", tools=job.get("tools") or None,
+                tool_choice="auto" if job.get("tools") else "none",
+                chat_template_kwargs=job.get("chat_template_kwargs") or None)
+            processed = call_with(serving._process_messages, {"request": request, "is_multimodal": False})
+        except ValueError as err:  # the server's 400: the request's own fault, one sentence
+            return {"ids": None, "text": None, "error": str(err).splitlines()[0] if str(err) else type(err).__name__}
+        ids = list(processed.prompt_ids or [])
+        text = tokenizer.decode(ids) if ids else processed.prompt
+        return {"ids": ids, "text": text, "error": None}
+
     def parse_stream(self, job: dict, tokenizer: Any) -> dict:
         """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
         far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
@@ -170,7 +189,11 @@ class Glue:
         `_convert_to_internal_request` (reasoning_effort moved out of chat_template_kwargs, the messages processed
         for the template's content format, arguments parsed into dicts, SGLang's DeepSeek V4 encoder where the
         release has one). The tokenizer records the call the release makes: apply_chat_template's arguments (for
-        the explorer to render with the model's template) or, for an encoder, the prompt text it tokenizes."""
+        the explorer to render with the model's template) or, for an encoder, the prompt text it tokenizes.
+        A job without `renderer` asks for the prompt ids of the whole request path instead (render_prompt:
+        engine/render/deepseek_recipe.py)."""
+        if "renderer" not in job:
+            return self.render_prompt(job, tokenizer)
         serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), True, tokenizer)
         content_format = "string"
         if job.get("chat_template"):

@@ -2,9 +2,13 @@
 
 `sys.settrace` with line events restricted to files under the release root: for each executed line it compares
 the frame's string locals with their values at the previous line of that frame and records an edit
-(`file:line`, variable, before, after) when one changed. Non-string edits (a dropped call, `None`, a type change)
+(`file:line`, variable, before, after) when one changed. A string that one expression produced into a new local, or
+into one that held None (`reasoning_text, text, ... = parse(...)`, `x = text.strip()` on its first assignment), is a
+"set" edit (no before), and so is a string made inside a call's arguments on an engine line or inside a return
+expression (`return x.strip()`, `Result(text=y.strip())`). Non-string edits (a dropped call, `None`, a type change)
 are recorded as type changes of a local. Python 3.11 has no sys.monitoring; the cost is a few milliseconds a parse
-for SGLang and vLLM <= 0.20, more for vLLM's grammar engine (>= 0.25): trace only when asked.
+for SGLang and vLLM <= 0.20, tens for vLLM's parser engine (>= 0.21): the backend traces by default only where it
+is cheap (RealEngine.traces_cheaply).
 """
 
 from __future__ import annotations
@@ -36,9 +40,14 @@ class Tracer:
                 line, before = previous
                 for name, value in now.items():
                     old = before.get(name, _MISSING)
-                    if old is _MISSING or old is value:
+                    if old is value:
                         continue
-                    if isinstance(value, str) and isinstance(old, str) and old != value:
+                    if isinstance(value, str) and value and (old is _MISSING or old is None):
+                        self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                                           "before": None, "after": value[:200], "kind": "set"})
+                    elif old is _MISSING:
+                        continue
+                    elif isinstance(value, str) and isinstance(old, str) and old != value:
                         self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
                                            "before": old[:200], "after": value[:200], "kind": "string"})
                     elif type(old) is not type(value) and (old is None or value is None or isinstance(old, str)):
@@ -49,9 +58,33 @@ class Tracer:
                 self._last[key] = (frame.f_lineno, now)
             else:
                 self._last.pop(key, None)
+                # `return text.strip()`: a string made in the return expression itself, not held by a local
+                self._made_in_expression(frame, frame.f_lineno, f"return of {frame.f_code.co_name}", arg, now)
         return self._local
 
+    def _made_in_expression(self, frame, line: int, what: str, value: Any, held: dict[str, Any]) -> None:
+        """Set edits for the strings in `value` (itself, or the items of a tuple, list or dict it is) that no local of
+        `frame` holds: an expression on `line` made them."""
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else (value,)
+        kept = {id(v) for v in held.values()}
+        for item in items:
+            if isinstance(item, str) and item and id(item) not in kept:
+                self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": what, "before": None,
+                                   "after": item[:200], "kind": "set"})
+
     def _global(self, frame, event: str, arg: Any):
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_filename.startswith(self.root):
+            # `Result(normal_text=splits[1].strip())`: an argument made in the call expression of an engine line (not
+            # a literal of the caller's code, not a value one of its locals holds)
+            code = caller.f_code
+            made = {name: value for name, value in frame.f_locals.items()
+                    if isinstance(value, str) and value and name != "self" and value not in code.co_consts}
+            if made:
+                held = self._snapshot(caller)
+                for name, value in made.items():
+                    self._made_in_expression(caller, caller.f_lineno, f"argument {name} of {frame.f_code.co_name}",
+                                             value, held)
         if frame.f_code.co_filename.startswith(self.root):
             return self._local
         return None

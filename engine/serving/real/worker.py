@@ -247,7 +247,7 @@ def main() -> None:
             reply = worker.handle(json.loads(line))
         except Exception as exc:  # noqa: BLE001 - a bug in the glue: report, keep serving
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=-6)}
-        replies.write(json.dumps(reply, ensure_ascii=False, default=str) + "\n")
+        replies.write(json.dumps(reply, default=str) + "\n")
 
 
 if __name__ == "__main__":
