@@ -72,7 +72,9 @@ class CheckReport:
                 lines.append(_wrap(c.note, " " * 12, " " * 12))
         lines.append(f"{len(self.cells)} scenarios: {self.breaks} break PRR, {self.errors} "
                      f"{'error' if self.errors == 1 else 'errors'} (the template failed to render: no PRR result), "
-                     f"{sum(c.status == 'holds' for c in self.cells)} hold")
+                     f"{sum(c.status == 'holds' for c in self.cells)} hold"
+                     + (f", {unavailable} unavailable (the scenario does not apply; see above)"
+                        if (unavailable := sum(c.status == 'unavailable' for c in self.cells)) else ""))
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -80,6 +82,7 @@ class CheckReport:
                 "engine_version": self.engine_version, "refused": self.refused,
                 "breaks": self.breaks, "errors": self.errors,
                 "holds": sum(c.status == "holds" for c in self.cells),
+                "unavailable": sum(c.status == "unavailable" for c in self.cells),
                 "cells": [cell_json(c) for c in self.cells]}
 
 

@@ -348,11 +348,14 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
-    from engine.parsers import get_engine
+    from engine.parsers import for_parsers, get_engine
 
     emulation = get_engine(args.engine)
     spec = load_spec(args.model)
     names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
+    reasoning_parser = args.reasoning_parser or names.get("reasoning_parser")
+    tool_parser = args.tool_call_parser or names.get("tool_call_parser")
+    emulation = for_parsers(emulation, reasoning_parser, tool_parser)  # an unemulated pair: the release's real code
     try:
         text = Path(args.text).read_bytes().decode("utf-8", errors="replace")
         tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
@@ -364,8 +367,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
             from engine.models import load_model
 
             tokenizer = load_model(args.model).tokenizer
-        result = emulation.parse(text, reasoning_parser=args.reasoning_parser or names.get("reasoning_parser"),
-                                 tool_parser=args.tool_call_parser or names.get("tool_call_parser"), tools=tools,
+        result = emulation.parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
                                  stream=args.stream, tokenizer=tokenizer)
     except ValueError as err:
         raise ExplorerError(str(err)) from err

@@ -47,6 +47,9 @@ class ModelSpec:
     # config.json's model_type, which engines key their own renderers on (engine/serving/rendering.py); "" for a
     # model every engine renders from its Hub template.
     model_type: str = ""
+    # When the model's turns carry reasoning: "always" (the scenario's, as written), "prompt" (only after a
+    # generation prompt that leaves a think block open: thinking on), "never" (a model that does not think).
+    reasoning: str = "always"
 
     def default_kwargs(self) -> dict[str, Any]:
         return {k.name: k.default for k in self.template_kwargs}
@@ -60,8 +63,10 @@ def model_ids() -> list[str]:
     return sorted(p.parent.name for p in MODEL_ASSETS.glob("*/model.toml"))
 
 
-# The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6.
-DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss")
+# The order people read the matrix in: the seed article's five models, with the handbook's Qwen3.5 beside Qwen3.6,
+# then the models served most in engine and RL-framework threads (issue 20).
+DEFAULT_ORDER = ("qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss",
+                 "qwen3-coder", "qwen3-2507", "qwen2.5", "glm-4.7-flash", "deepseek-v3.1")
 
 
 def default_model_ids() -> list[str]:
@@ -111,9 +116,19 @@ def spec_from_manifest(raw: dict[str, Any], path: Path) -> ModelSpec:
             engine_parsers={k: dict(v) for k, v in raw.get("engines", {}).items()},
             manifest_path=path,
             model_type=str(raw.get("model_type", "")),
+            reasoning=_reasoning_mode(raw.get("reasoning", "always"), path),
         )
     except (KeyError, TypeError) as err:
         raise ExplorerError(f"{path} for model {model_id} is missing or has a malformed field: {err}") from err
+
+
+REASONING_MODES = ("always", "prompt", "never")
+
+
+def _reasoning_mode(value: Any, path: Path) -> str:
+    if value not in REASONING_MODES:
+        raise ExplorerError(f"{path}: reasoning = {value!r} is not one of {', '.join(REASONING_MODES)}")
+    return str(value)
 
 
 @dataclass

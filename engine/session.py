@@ -79,9 +79,9 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
-from engine.parsers import get_engine, list_engines
+from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
-from engine.simulate import client_message, raw_request
+from engine.simulate import client_message, raw_request, reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
@@ -788,21 +788,25 @@ class _EngineSide:
             self.emulation, self.name, self.version = None, "raw", ""
         else:
             try:
-                self.emulation = get_engine(engine)
+                serving = serving_engine(engine, model.spec.engine_parsers)
             except ValueError:
                 known = ", ".join(["raw", "vllm", "sglang", *list_engines()])
                 hint = " (bridge is history 'append')" if engine == "bridge" else ""
                 raise ExplorerError(f"unknown engine {engine!r} for a session{hint}; known: {known}") from None
+            self.emulation, self.parsers = serving.engine, serving.parsers
             self.name, self.version = self.emulation.name, self.emulation.version
-        self.origin = self.emulation.origin if self.emulation else "the raw split"
-        self.parsers = (self.emulation.parser_override if self.emulation else None) or \
-            model.spec.engine_parsers.get(self.name, {})
+        if self.emulation is None:
+            self.parsers = {}
         self.fmt = get_format(model.spec.family)
         self.stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
         self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
         self.rendered_tools: list[dict] | None = None  # the last request's tools as the template was given them
         self.call_ids: dict[int, list[str]] = {}  # scripted reply's step -> the ids of its parsed tool calls
         self.calls_so_far = 0
+
+    @property
+    def origin(self) -> str:  # the engine can change: a pinned one hands an unemulated pair to its real code
+        return self.emulation.origin if self.emulation is not None else "the raw split"
 
     def _client_messages(self, messages: list[dict]) -> list[dict]:
         """The script's messages (system first) with each generated reply replaced by its parsed message, and the
@@ -852,9 +856,9 @@ class _EngineSide:
         reply_step = step + 1
         if reply_step >= len(self.script.steps) or self.script.steps[reply_step]["role"] != "assistant":
             return prompt, to_render, None, {"request_edits": request_edits}
-        turn = _assistant_turn(self.script, reply_step)
+        turn = turn_as_written(self.model, _assistant_turn(self.script, reply_step), prompt.text)
         completion = self.fmt.write(turn, self.stop)
-        parsed = self._parse(completion, tools, reply_step)
+        parsed = self._parse(completion, tools, reply_step, reasoning_forced(self.model, prompt.text))
         # Call ids as engine.simulate gives them: the engine's, else the script's, else numbered.
         scripted = [c.call_id for c in turn.tool_calls]
         ids = [c.id or (scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}")
@@ -891,15 +895,17 @@ class _EngineSide:
         views = RequestViews(prompt_view, prompt_tokens, sequence, sequence_tokens)
         return views
 
-    def _parse(self, completion: Completion, tools: list[dict] | None, reply_step: int) -> ParseResult:
+    def _parse(self, completion: Completion, tools: list[dict] | None, reply_step: int,
+               force_reasoning: bool) -> ParseResult:
         if self.emulation is None:
             return self.fmt.raw_parse(completion.parser_text)
         tool_parser = self.parsers.get("tool_call_parser")
         try:
             text = self.emulation.output_text(completion.text, completion.stop_token, tool_parser)
-            parsed = self.emulation.parse(text, reasoning_parser=self.parsers.get("reasoning_parser"),
-                                          tool_parser=tool_parser, tools=tools, chat_template_kwargs=self.kwargs,
-                                          history_tool_calls=self.calls_so_far, tokenizer=self.model.tokenizer)
+            self.emulation, parsed = parse_served(self.emulation, text, dict(
+                reasoning_parser=self.parsers.get("reasoning_parser"), tool_parser=tool_parser, tools=tools,
+                chat_template_kwargs=self.kwargs, history_tool_calls=self.calls_so_far,
+                tokenizer=self.model.tokenizer), {"force_reasoning": force_reasoning})
         except NotImplementedError as err:
             raise ExplorerError(f"model {self.model.id}: {self.origin} cannot parse its output yet ({err}), so "
                                 f"session {self.script.id} cannot run through it") from None

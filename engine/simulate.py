@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.formats import Completion, get_format
+from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.parsers.base import EngineEmulation, RequestPrep
@@ -311,8 +311,15 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
-    if emulation is not None:
-        parsers = emulation.parser_override or model.spec.engine_parsers.get(emulation.name, {})
+    traced = False
+    if engine not in ("raw", "bridge"):
+        from engine.parsers import parse_served, serving_engine
+
+        serving = serving_engine(engine, model.spec.engine_parsers)
+        emulation, parsers = serving.engine, serving.parsers
+        # A pinned column (not an explicit release) whose parsing falls to the real code traces it, so that a cause
+        # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer).
+        traced = serving.pinned
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -368,16 +375,17 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         else:
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
-        completion = fmt.write(turn.assistant, stop)
+        completion = fmt.write(turn_as_written(model, turn.assistant, prompt.text), stop)
         completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
+            request = dict(reasoning_parser=parsers.get("reasoning_parser"),
+                           tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
+                           chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
+            text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
             try:
-                tool_parser = parsers.get("tool_call_parser")
-                parsed = emulation.parse(emulation.output_text(completion.text, completion.stop_token, tool_parser),
-                                         reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser,
-                                         tools=scenario.tools, chat_template_kwargs=kwargs,
-                                         history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
-            except (ValueError, NotImplementedError) as err:
+                emulation, parsed = parse_served(emulation, text, request, {
+                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced})
+            except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
                 raise _Failed(f"{emulation.origin}: {parsed.error}", tuple(boundaries))
@@ -420,6 +428,34 @@ def template_kwargs_of(prep: RequestPrep, kwargs: dict) -> dict:
     if prep.template_kwargs is None:
         return kwargs
     return {k: v for k, v in prep.template_kwargs.items() if k not in _CALL_ARGUMENTS}
+
+
+def reasoning_forced(model: LoadedModel, prompt_text: str) -> bool:
+    """Whether the real backend splits reasoning off the start of the completion. SGLang forces it when the template
+    always thinks or the request turns thinking on: when the generation prompt opens <think>. A model of the
+    "always" kind has it open (the backend's default); the others say so by their prompt (DeepSeek V3.1 with thinking
+    off does not)."""
+    return model.spec.reasoning == "always" or prompt_opens_reasoning(prompt_text)
+
+
+# The knobs that shape a turn's reasoning; a model that writes none there cannot run a scenario that sets them.
+_REASONING_KNOBS = ("reasoning_newlines_before", "reasoning_newlines_after", "newlines_after_think", "close_think")
+
+
+def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -> AssistantTurn:
+    """The scenario's turn as this model writes it after `prompt_text`: without reasoning when the model does not
+    think (manifest `reasoning = "never"`) or the prompt does not open a think block (`"prompt"`: thinking off)."""
+    mode = model.spec.reasoning
+    if turn.reasoning is None or mode == "always" or (mode == "prompt" and prompt_opens_reasoning(prompt_text)):
+        return turn
+    knobs = turn.knobs
+    varied = [name for name in _REASONING_KNOBS if getattr(knobs, name) != Knobs.__dataclass_fields__[name].default]
+    varied += ["truncate_in=reasoning"] if knobs.truncate_in == "reasoning" else []
+    if varied:
+        why = "it does not think" if mode == "never" else "its prompt does not open a think block (thinking is off)"
+        raise _Unavailable(f"{model.id} writes no reasoning here ({why}), and this scenario varies the reasoning "
+                           f"({', '.join(varied)})")
+    return replace(turn, reasoning=None)
 
 
 def _close_boundary(model, engine, history, pending, render, index, trigger, last_request) -> Boundary:

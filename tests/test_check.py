@@ -85,3 +85,23 @@ def test_help_names_the_default_engine(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["check", "--help"])
     assert "raw (default: the template alone)" in " ".join(capsys.readouterr().out.split())
+
+
+# A model that does not think (or, DeepSeek V3.1, has thinking off by default) cannot run the four scenarios that vary
+# its reasoning: they are unavailable, and counted so.
+UNAVAILABLE = ", 4 unavailable (the scenario does not apply; see above)"
+
+
+@pytest.mark.parametrize(("model_id", "template", "counts"), [
+    ("qwen3-coder", "Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", ("1 break PRR", "9 hold" + UNAVAILABLE)),
+    ("qwen3-2507", "Qwen-Qwen3-4B-Instruct-2507.jinja", ("2 break PRR", "8 hold" + UNAVAILABLE)),
+    ("qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja", ("3 break PRR", "7 hold" + UNAVAILABLE)),
+    ("glm-4.7-flash", "GLM-4.7-Flash.jinja", ("10 break PRR", "4 hold")),
+    ("deepseek-v3.1", "deepseek-ai-DeepSeek-V3.1.jinja", ("3 break PRR", "7 hold" + UNAVAILABLE)),
+])
+def test_each_added_model_checks_its_own_template(model_id: str, template: str, counts: tuple[str, str],
+                                                  capsys) -> None:
+    assert main(["check", "--model", model_id, "--template", str(TEMPLATES / template)]) == 1
+    breaks, holds = counts
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"14 scenarios: {breaks}, 0 errors (the template failed to render: no PRR result), {holds}"

@@ -63,7 +63,7 @@ CHECK_CASES = [
     ("unknown-engine", ["--engine", "nonsense"], None,
      "unknown engine 'nonsense'; known: raw, bridge, renderers, sglang, vllm"),
     ("unknown-version", ["--engine", "vllm@9"], None, "unknown engine 'vllm@9'"),
-    ("unknown-model", ["--model", "nosuch"], None, "unknown model 'nosuch'; known models: deepseek-v4"),
+    ("unknown-model", ["--model", "nosuch"], None, "unknown model 'nosuch'; known models: "),
     ("path-as-model", ["--model", "../../etc"], None, "unknown model '../../etc'"),
     ("dev-zero", [], "/dev/zero", "/dev/zero is larger than the 5.0 MB limit for a chat template "
      "(DRIFT_UPLOAD_MAX_TEXT_BYTES)"),

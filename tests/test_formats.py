@@ -15,6 +15,7 @@ from engine.assets import resolve_asset
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
 from engine.models import default_model_ids, load_model, load_spec
+from engine.simulate import turn_as_written
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
@@ -30,16 +31,17 @@ KWARGS = {"kimi-k2.6": {"preserve_thinking": True}}
 def _latest_turn_rendering(model_id: str, turn: AssistantTurn) -> tuple[str, str]:
     model = load_model(model_id)
     fmt = get_format(model.spec.family)
-    completion = fmt.write(turn, model.spec.stop_tokens[0])
+    kwargs = {**model.spec.default_kwargs(), **KWARGS.get(model_id, {})}
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=kwargs).text
+    # As the model writes it after this prompt: a model that does not think (or has thinking off) writes no reasoning.
+    completion = fmt.write(turn_as_written(model, turn, prompt), model.spec.stop_tokens[0])
     parsed = fmt.raw_parse(completion.parser_text)
     message: dict = {"role": "assistant", "content": parsed.content or "", "reasoning_content": parsed.reasoning}
     if parsed.tool_calls:
         message["tool_calls"] = [{"id": c.id or "call_0", "type": "function",
                                   "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
                                  for c in parsed.tool_calls]
-    kwargs = {**model.spec.default_kwargs(), **KWARGS.get(model_id, {})}
-    history = [{"role": "user", "content": "Weather in Paris?"}]
-    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=kwargs).text
     full = model.renderer.render([*history, message], TOOLS, add_generation_prompt=False, kwargs=kwargs).text
     assert full.startswith(prompt)
     return completion.text, full[len(prompt):]
@@ -51,7 +53,7 @@ def test_canonical_output_is_what_the_template_renders_for_the_latest_turn(model
     written, rendered = _latest_turn_rendering(model_id, TURNS[turn])
     if model_id.startswith("qwen"):
         assert rendered == written + "\n"  # the template adds the newline after <|im_end|>
-    elif model_id == "glm-5.1":
+    elif model_id.startswith("glm"):
         # GLM ends a turn with the next role's token (<|observation|> after a call, <|user|> after an answer): the
         # model emits it as its stop token; the template renders it as the start of the next message.
         stop = "<|observation|>" if turn == "tool" else "<|user|>"
@@ -94,6 +96,18 @@ HOSTILE_ARGS = {"city": "Zürich", "n": 1.0, "tag": "007", "ok": True, "x": None
      "functions.get_weather:0"),
     ("dsml", Knobs(), "Plan: call it.", "",
      '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}', None),
+    ("hermes", Knobs(), "Plan: call it.\n", "\n\n",
+     '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}', None),
+    ("hermes", Knobs(args_json="compact"), "Plan: call it.\n", "\n\n",
+     '{"city":"Zürich","n":1.0,"tag":"007","ok":true,"x":null,"nest":{"a":[1,2]}}', None),
+    ("hermes", Knobs(truncate_in="arguments"), "Plan: call it.\n", "\n\n",
+     '{"city": "Zürich", "n": 1.0, "tag": "007", "', None),
+    ("deepseek_v31", Knobs(), "Plan: call it.", "",
+     '{"city": "Zürich", "n": 1.0, "tag": "007", "ok": true, "x": null, "nest": {"a": [1, 2]}}', None),
+    ("deepseek_v31", Knobs(args_json="compact"), "Plan: call it.", "",
+     '{"city":"Zürich","n":1.0,"tag":"007","ok":true,"x":null,"nest":{"a":[1,2]}}', None),
+    ("deepseek_v31", Knobs(truncate_in="arguments"), "Plan: call it.", "",
+     '{"city": "Zürich", "n": 1.0, "tag": "007", "', None),
     ("harmony", Knobs(), "Plan: call it.", None,
      '{"city":"Zürich","n":1.0,"tag":"007","ok":true,"x":null,"nest":{"a":[1,2]}}', None),
     ("harmony", Knobs(truncate_in="arguments"), "Plan: call it.", None, '{"city":"Zürich","n":1.0,"tag":"007",', None),
@@ -116,7 +130,12 @@ def test_raw_splitter_keeps_the_models_bytes(family: str, knobs: Knobs, reasonin
         assert arguments in completion.text
 
 
-@pytest.mark.parametrize("model_id", default_model_ids())
+# The models that think (DeepSeek V3.1 when its `thinking` kwarg is on).
+THINKING = {m: {"thinking": True} if m == "deepseek-v3.1" else {} for m in default_model_ids()
+            if load_spec(m).reasoning != "never"}
+
+
+@pytest.mark.parametrize("model_id", sorted(THINKING))
 def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str) -> None:
     # The generation prompt opened the think block (harmony names the analysis channel itself), so text cut by
     # max_tokens before the reasoning closed is reasoning, byte for byte; nothing of it is content.
@@ -126,7 +145,8 @@ def test_raw_split_keeps_reasoning_cut_by_max_tokens_as_reasoning(model_id: str)
                          knobs=Knobs(truncate_in="reasoning", truncate_keep=0.5))
     completion = fmt.write(turn, model.spec.stop_tokens[0])
     history = [{"role": "user", "content": "Weather in Paris?"}]
-    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True, kwargs=model.spec.default_kwargs())
+    prompt = model.renderer.render(history, TOOLS, add_generation_prompt=True,
+                                   kwargs={**model.spec.default_kwargs(), **THINKING[model_id]})
     from engine.formats.base import prompt_opens_reasoning
 
     parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
@@ -146,3 +166,15 @@ def test_template_markers_occur_in_the_models_own_template(model_id: str) -> Non
     markers = get_format(spec.family).template_markers
     assert markers
     assert [m for m in markers if m not in source] == []
+
+
+@pytest.mark.parametrize("model_id", ["qwen3-2507", "qwen2.5", "deepseek-v3.1"])
+def test_the_added_formats_markers_pick_no_other_models_template(model_id: str) -> None:
+    # The zoo matches a template to the format whose markers all occur in its source (OutputFormat.template_markers).
+    model = load_model(model_id)
+    fmt = get_format(model.spec.family)
+    source = "\n".join(model.renderer.source_lines())
+    assert fmt.template_markers and all(marker in source for marker in fmt.template_markers)
+    others = [load_model(m) for m in ("qwen3.6", "glm-5.1", "kimi-k2.6", "qwen3-coder")]
+    assert not any(all(marker in "\n".join(o.renderer.source_lines()) for marker in fmt.template_markers)
+                   for o in others)

@@ -20,7 +20,7 @@ from stored import replace_stored
 
 from engine.assets import resolve_asset
 from engine.errors import ExplorerError, RenderError
-from engine.models import load_model, special_token_vars
+from engine.models import load_model, model_ids, special_token_vars
 from engine.render.jinja import JinjaRenderer
 from engine.sandbox import (
     RenderLimitExceeded,
@@ -451,7 +451,7 @@ def test_a_bad_tiktoken_model_is_refused(tmp_path, data, message, still_works):
 
 UPLOAD_SHAPE_REFUSALS = [
     ("unknown-base-model", "nosuch", {"chat_template": ("custom.jinja", b"x")},
-     "unknown base model 'nosuch'; known: deepseek-v4, glm-5.1, gpt-oss, kimi-k2.6, qwen3.5, qwen3.6"),
+     f"unknown base model 'nosuch'; known: {', '.join(model_ids())}"),
     ("unknown-role", "qwen3.5", {"vocab": ("vocab.txt", b"x")},
      "vocab.txt: unknown upload role 'vocab'; expected one of chat_template, tokenizer_config, tokenizer, tiktoken"),
     ("no-files", "qwen3.5", {}, "the upload for qwen3.5 holds no files"),

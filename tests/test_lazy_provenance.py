@@ -32,6 +32,11 @@ PARITY_KWARGS = {  # the kwarg variants tests/test_render.py renders the parity 
     "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
     "gpt-oss": [{}, {"reasoning_effort": "high"}],
     "deepseek-v4": [{}, {"thinking": False}, {"drop_thinking": False}],
+    "qwen3-coder": [{}],
+    "qwen3-2507": [{}],
+    "qwen2.5": [{}],
+    "glm-4.7-flash": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
+    "deepseek-v3.1": [{}, {"thinking": True}],
 }
 
 

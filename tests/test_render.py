@@ -10,13 +10,19 @@ from engine.models import load_model
 from engine.provenance import spans
 from engine.render.jinja import JinjaRenderer
 
-JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss"]
+JINJA_MODELS = ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "gpt-oss",
+                "qwen3-coder", "qwen3-2507", "qwen2.5", "glm-4.7-flash", "deepseek-v3.1"]
 KWARG_VARIANTS = {
     "qwen3.6": [{}, {"preserve_thinking": True}, {"enable_thinking": False}],
     "qwen3.5": [{}, {"enable_thinking": True}],
     "glm-5.1": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
     "kimi-k2.6": [{}, {"preserve_thinking": True}, {"thinking": False}],
     "gpt-oss": [{}, {"reasoning_effort": "high"}],
+    "qwen3-coder": [{}],
+    "qwen3-2507": [{}],
+    "qwen2.5": [{}],
+    "glm-4.7-flash": [{}, {"clear_thinking": False}, {"enable_thinking": False}],
+    "deepseek-v3.1": [{}, {"thinking": True}],
 }
 
 
@@ -109,7 +115,10 @@ def test_template_that_does_not_parse_is_a_clear_error() -> None:
 
 
 def test_tools_render_in_every_tool_template() -> None:
-    for model_id in JINJA_MODELS:
+    # DeepSeek V3.1's template renders no tool list at all (its model card puts the tools in the system message).
+    assert "get_weather" not in load_model("deepseek-v3.1").renderer.render(
+        [{"role": "user", "content": "x"}], TOOLS, add_generation_prompt=True).text
+    for model_id in (m for m in JINJA_MODELS if m != "deepseek-v3.1"):
         rendered = load_model(model_id).renderer.render([{"role": "user", "content": "x"}], TOOLS,
                                                         add_generation_prompt=True)
         assert "get_weather" in rendered.text, model_id

@@ -23,7 +23,6 @@ import json
 import pytest
 
 from engine.cli import main
-from engine.errors import ExplorerError
 from engine.models import load_model
 from engine.session import SessionSettings, break_view, run_what_if, simulate_session
 
@@ -113,17 +112,22 @@ def test_bad_engine_options_give_one_sentence(capsys, argv: list[str], message: 
     assert capsys.readouterr().err == message
 
 
-def test_a_parser_not_emulated_gives_one_sentence(handbook) -> None:
+def test_a_parser_not_emulated_runs_the_releases_real_code(handbook) -> None:
     # A server started with the legacy `--tool-call-parser deepseek_v3` for DeepSeek-V4: vLLM 0.33.0 has that
-    # parser, the project does not emulate it (a different format from DSML), so the session stops with a sentence.
+    # parser, the project does not emulate it (a different format from DSML), so vLLM 0.33.0's own code parses the
+    # replies (engine.parsers.parse_served): it finds no V3 call and keeps the DSML markup as content, which the
+    # encoder prints back as it was, so each request reuses the whole previous sequence.
+    from test_real_engines import need
+
+    need("vllm@0.33.0")
     model = load_model("deepseek-v4")
     parsers = {**model.spec.engine_parsers, "vllm": {"reasoning_parser": "deepseek_v4",
                                                       "tool_call_parser": "deepseek_v3"}}
     legacy = dataclasses.replace(model, spec=dataclasses.replace(model.spec, engine_parsers=parsers))
-    with pytest.raises(ExplorerError, match=r"^model deepseek-v4: vllm 0\.33\.0 cannot parse its output yet "
-                                            r"\(deepseek_v3: not emulated.*\), so session handbook cannot run "
-                                            r"through it$"):
-        simulate_session(legacy, handbook, engine="vllm")
+    report = simulate_session(legacy, handbook, engine="vllm")
+    assert (report.engine, report.engine_version) == ("vllm", "0.33.0")
+    assert [(r.index, r.reusable_tokens, r.previous_sequence_tokens) for r in report.rows] == [
+        (1, 0, 0), (2, 586, 586), (3, 890, 890), (4, 949, 949)]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -101,7 +101,7 @@ def assert_same(model_id: str, texts: list[str]) -> SegmentCachedTokenizer:
 @pytest.mark.parametrize("model_id", TOKENIZED)
 def test_every_matrix_string_tokenizes_as_whole(model_id: str) -> None:
     texts = matrix_strings()[model_id]
-    assert len(texts) > 40
+    assert len(texts) > 30  # a model that does not think runs 10 of the 14 scenarios
     wrapper = assert_same(model_id, texts)
     stats = wrapper.cache_stats()
     # The ids path was answered from reused pieces, not from whole strings.
@@ -167,7 +167,8 @@ def test_extending_tokenization_is_whole_string_tokenization(model_id: str) -> N
 
 def test_every_default_tokenizer_is_proven_and_kimi_would_not_be() -> None:
     assert {m: fresh(m).plan.proven for m in TOKENIZED} == {m: True for m in TOKENIZED}
-    assert set(TOKENIZED) == {"qwen3.6", "qwen3.5", "glm-5.1", "deepseek-v4", "gpt-oss"}
+    assert set(TOKENIZED) == {"qwen3.6", "qwen3.5", "glm-5.1", "deepseek-v4", "gpt-oss", "qwen3-coder", "qwen3-2507",
+                              "qwen2.5", "glm-4.7-flash", "deepseek-v3.1"}
     # DeepSeek has added tokens with normalized=true: proven only because its normalizer is an empty Sequence,
     # and matched in a second pass as tokenizers does.
     assert [len(ids) for _, ids in fresh("deepseek-v4").plan.passes] == [1237, 46]

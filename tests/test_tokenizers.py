@@ -14,7 +14,8 @@ from engine.models import build_tokenizer, load_spec
 def tokenizer_of(model_id: str):
     return build_tokenizer(load_spec(model_id))[0]
 
-VECTORS = {"qwen3.5": "qwen35", "qwen3.6": "qwen35", "deepseek-v4": "r1"}
+# DeepSeek V3.1 keeps R1's (V3's) 129,280-token vocabulary: kitoken's r1 vectors prove it too.
+VECTORS = {"qwen3.5": "qwen35", "qwen3.6": "qwen35", "deepseek-v4": "r1", "deepseek-v3.1": "r1"}
 
 
 @pytest.mark.parametrize("model_id", sorted(VECTORS))
@@ -38,6 +39,10 @@ def test_tokenizer_matches_kitoken_utf8_vector(model_id: str, shared_dir) -> Non
     ("qwen3.5", "<think>", 248068),
     ("deepseek-v4", "<think>", 128821), ("deepseek-v4", "｜DSML｜", 128825),
     ("glm-5.1", "<|observation|>", 154829), ("glm-5.1", "<think>", 154841), ("glm-5.1", "<arg_key>", 154847),
+    ("qwen3-coder", "<tool_call>", 151657), ("qwen3-coder", "<|im_end|>", 151645), ("qwen3-2507", "<think>", 151667),
+    ("qwen2.5", "<tool_call>", 151657), ("qwen2.5", "</tool_call>", 151658), ("qwen2.5", "<|im_end|>", 151645),
+    ("deepseek-v3.1", "<think>", 128798), ("deepseek-v3.1", "</think>", 128799),
+    ("deepseek-v3.1", "<｜tool▁calls▁begin｜>", 128806), ("deepseek-v3.1", "<｜tool▁sep｜>", 128814),
 ])
 def test_special_tokens_are_single_ids(model_id: str, token: str, token_id: int) -> None:
     assert list(tokenizer_of(model_id).encode(f"a{token}b").ids)[1] == token_id
@@ -62,3 +67,12 @@ def test_offsets_map_tokens_back_to_characters(model_id: str) -> None:
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(tokens.offsets, tokens.offsets[1:]))
     assert tokens.text == text
     assert "".join(text[s:e] for s, e in dict.fromkeys(tokens.offsets)) == text
+
+
+def test_qwen3_and_qwen25_tokenize_text_alike() -> None:
+    # No kitoken vectors cover Qwen2.5 / Qwen3 (151k vocabulary); their files are pinned by sha256 and share one
+    # byte-level BPE: ordinary text gets the same ids from both, and only Qwen3 adds <think> as one token.
+    qwen3, qwen25 = tokenizer_of("qwen3-coder"), tokenizer_of("qwen2.5")
+    text = "def f(x):\n    return {\"北京\": x}  # naïve 😊"
+    assert list(qwen3.encode(text).ids) == list(qwen25.encode(text).ids)
+    assert len(qwen3.encode("<think>").ids) == 1 and len(qwen25.encode("<think>").ids) == 3

@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.errors import ExplorerError
+from engine.models import default_model_ids
 from engine.traces.records import TraceFormatError
 from engine.traces.store import TraceLimits, TraceStore
 
@@ -85,6 +86,6 @@ def test_your_conversation_runs_as_a_matrix_row(traffic: AppTest) -> None:
     traffic.button(key="traffic:run_row").click().run()
     assert not traffic.exception, [e.value for e in traffic.exception]
     row = next(d.value for d in traffic.dataframe if "my-conversation" in d.value.index)
-    assert list(row.columns) == ["qwen3.6", "qwen3.5", "glm-5.1", "kimi-k2.6", "deepseek-v4", "gpt-oss"]
+    assert list(row.columns) == default_model_ids()
     assert row.loc["my-conversation", "qwen3.5"] == "✗ -85tok"
     assert row.loc["my-conversation", "deepseek-v4"] == "✓"

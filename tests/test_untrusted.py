@@ -18,7 +18,7 @@ from stored import replace_stored
 
 from engine.assets import resolve_asset
 from engine.errors import AssetError, ExplorerError
-from engine.models import load_model
+from engine.models import load_model, model_ids
 from engine.sandbox import RenderLimits, SandboxedRenderer
 from engine.scenario import load_scenario, load_yaml
 from engine.simulate import run_cell_with
@@ -190,7 +190,7 @@ def test_a_damaged_meta_json_marks_only_its_upload(tmp_path, stock_files):
     assert set(listing.skipped) == {
         f"upload 0123456789abcdef in {deep} is damaged and was skipped: meta.json is nested too deeply to be read",
         f"upload {unknown_base.id} in {unknown_base.path} is damaged and was skipped: meta.json names the base model "
-        "'../../etc', which is not one of deepseek-v4, glm-5.1, gpt-oss, kimi-k2.6, qwen3.5, qwen3.6",
+        f"'../../etc', which is not one of {', '.join(model_ids())}",
     }
 
 

@@ -66,20 +66,27 @@ def dump_value(value: Any, style: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def reasoning_close_content(turn: AssistantTurn) -> tuple[str, dict[str, tuple[int, int]]]:
-    """`reasoning</think>content` for formats whose canonical output has no newlines around the reasoning (GLM, Kimi,
-    DSML); the knobs add them. Returns the text and the spans of the reasoning and the content."""
+# Qwen writes `reasoning\n</think>\n\n`: no newline before the reasoning, one before </think>, two after.
+QWEN_NEWLINES = (0, 1, 2)
+
+
+def reasoning_close_content(turn: AssistantTurn, canonical: tuple[int, int, int] = (0, 0, 0)
+                            ) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`reasoning</think>content`, with `canonical` newlines before the reasoning, before `</think>` and after it
+    where the knobs leave them unset: none for GLM, Kimi and DSML; Qwen's `reasoning\n</think>\n\n` is (0, 1, 2).
+    Returns the text and the spans of the reasoning and the content."""
     k = turn.knobs
+    before, after, after_think = canonical
     text = ""
     spans: dict[str, tuple[int, int]] = {}
     if turn.reasoning is not None:
-        text += "\n" * (k.reasoning_newlines_before or 0)
+        text += "\n" * (before if k.reasoning_newlines_before is None else k.reasoning_newlines_before)
         start = len(text)
         text += turn.reasoning
         spans["reasoning"] = (start, len(text))
-        text += "\n" * (k.reasoning_newlines_after or 0)
+        text += "\n" * (after if k.reasoning_newlines_after is None else k.reasoning_newlines_after)
         if k.close_think:
-            text += "</think>" + "\n" * (k.newlines_after_think or 0)
+            text += "</think>" + "\n" * (after_think if k.newlines_after_think is None else k.newlines_after_think)
     start = len(text)
     text += turn.content
     spans["content"] = (start, len(text))

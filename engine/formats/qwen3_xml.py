@@ -9,19 +9,17 @@ import json
 import re
 
 from engine.formats.base import (
+    QWEN_NEWLINES,
     AssistantTurn,
     Completion,
     OutputFormat,
     dump_value,
     finish,
+    reasoning_close_content,
     register,
     split_reasoning,
 )
 from engine.types import ParseResult, ToolCall
-
-
-def _newlines(value: int | None, canonical: int) -> str:
-    return "\n" * (canonical if value is None else value)
 
 
 class Qwen3XmlFormat(OutputFormat):
@@ -31,20 +29,7 @@ class Qwen3XmlFormat(OutputFormat):
 
     def write(self, turn: AssistantTurn, stop_token: str) -> Completion:
         k = turn.knobs
-        text = ""
-        spans: dict[str, tuple[int, int]] = {}
-        if turn.reasoning is not None:
-            text += _newlines(k.reasoning_newlines_before, 0)
-            start = len(text)
-            text += turn.reasoning
-            spans["reasoning"] = (start, len(text))
-            if k.close_think:
-                text += _newlines(k.reasoning_newlines_after, 1) + "</think>" + _newlines(k.newlines_after_think, 2)
-            else:
-                text += _newlines(k.reasoning_newlines_after, 1)
-        start = len(text)
-        text += turn.content
-        spans["content"] = (start, len(text))
+        text, spans = reasoning_close_content(turn, QWEN_NEWLINES)
         for i, call in enumerate(turn.tool_calls):
             if i == 0:
                 text += "\n\n" if turn.content.strip() else ""

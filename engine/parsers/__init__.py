@@ -5,18 +5,24 @@ Every other release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to th
 (engine/serving/real): that release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
 A parser pair other than the model's own is named after the release by the engine's CLI names:
 `vllm@0.31.0/qwen3+hermes` (`-` for none: `sglang@0.5.15/-+llama3`).
+A pinned release asked for a parser its emulation does not have (a model family without an emulation: `hermes`,
+`deepseek_v31`, …) runs that release's real code instead (`real_twin`): the same release, never another one.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
+from engine.types import ParseResult
 
-__all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "get_engine", "known_engine", "list_engines"]
+__all__ = ["EngineEmulation", "RequestPrep", "engine_versions", "for_parsers", "get_engine", "known_engine",
+           "list_engines", "parse_served", "real_twin", "Serving", "serving_engine"]
 
 _ENGINES: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
@@ -51,9 +57,9 @@ def get_engine(spec: str) -> EngineEmulation:
         reasoning, plus, tool = pair.partition("+")
         if not plus:
             raise ValueError(f"engine {spec!r}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
-        engine = get_engine(release)
         override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
                     "tool_call_parser": None if tool in ("", "-") else tool}
+        engine = for_parsers(get_engine(release), override["reasoning_parser"], override["tool_call_parser"])
         engine._check_names(override["reasoning_parser"], override["tool_call_parser"])
         engine.parser_override = override
         return engine
@@ -71,6 +77,59 @@ def get_engine(spec: str) -> EngineEmulation:
         raise ValueError(f"unknown engine {spec!r}: {problem}")
     raise ValueError(f"unknown engine {spec!r}; known: {', '.join([*_ENGINES, *_NEWEST])}, or any vllm@X / sglang@X "
                      "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
+
+
+def real_twin(engine: EngineEmulation) -> EngineEmulation:
+    """The real code of `engine`'s own release (vllm@0.33.0 -> real:vllm@0.33.0), with the same parser pair."""
+    from engine.serving.real.backend import RealEngine
+
+    twin = RealEngine(engine.name, engine.version)
+    twin.parser_override = engine.parser_override
+    return twin
+
+
+def for_parsers(engine: EngineEmulation, reasoning_parser: str | None, tool_parser: str | None) -> EngineEmulation:
+    """`engine` when it emulates this pair of CLI names; otherwise its release's real code, which has every parser
+    the release ships (and says so in one sentence when it lacks one too)."""
+    if engine.reads_tokenizer or engine.emulates(reasoning_parser, tool_parser):  # the real code, or emulated
+        return engine
+    return real_twin(engine)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serves a model on an engine column: the engine that runs its parser pair, and the pair."""
+
+    engine: EngineEmulation
+    parsers: dict[str, str]
+    pinned: bool  # the column asked for is a pinned emulation (where its release's real code runs, it stands in)
+
+
+def serving_engine(spec: str, engine_parsers: dict[str, dict[str, str]]) -> Serving:
+    """What serves a model on the engine `spec` names: its parser pair (the one `spec` names, else the model's
+    manifest's for that engine) and the engine that runs the pair (for_parsers). ValueError for an unknown engine."""
+    asked = get_engine(spec)
+    parsers = asked.parser_override or engine_parsers.get(asked.name, {})
+    engine = for_parsers(asked, parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
+    return Serving(engine, parsers, not asked.reads_tokenizer)
+
+
+def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
+                 real_options: dict[str, Any] | None = None) -> tuple[EngineEmulation, ParseResult]:
+    """`engine.parse(text, **request)`, and the engine that parsed: a pinned emulation that has the names but does
+    not emulate the pair (NotImplementedError: DeepSeek V3.1's deepseek_v31) hands it to its release's real code,
+    which then serves the rest of the conversation. `real_options` go to the real backend only (force_reasoning,
+    trace)."""
+    def parse(serving: EngineEmulation) -> ParseResult:
+        return serving.parse(text, **request, **(real_options or {} if serving.reads_tokenizer else {}))
+
+    try:
+        return engine, parse(engine)
+    except NotImplementedError:
+        if engine.reads_tokenizer:
+            raise
+        twin = real_twin(engine)
+        return twin, parse(twin)
 
 
 def known_engine(spec: object) -> str:

@@ -120,6 +120,16 @@ class EngineEmulation(ABC):
                 f"{self.spec}: unknown tool parser {tool_parser!r}; known: {', '.join(sorted(self.tool_parsers))}"
             )
 
+    def emulates(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
+        """Whether this emulation covers the pair: both are its own names and a tool parser comes with a reasoning
+        parser (the golden corpus checks the emulations only so; a model served without --reasoning-parser, such as
+        Qwen3-Coder, runs the release's real code instead: engine.parsers.for_parsers)."""
+        try:
+            self._check_names(reasoning_parser, tool_parser)
+        except ValueError:
+            return False
+        return reasoning_parser is not None or tool_parser is None
+
     def parse(
         self,
         text: str,

@@ -84,14 +84,17 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
     fmt = get_format(model.spec.family)
     if served.emulation is None:
         return fmt.raw_parse(completion.parser_text)
+    from engine.parsers import for_parsers, parse_served
+
     parsers = model.spec.engine_parsers.get(served.emulation.name, {})
     tool_parser = parsers.get("tool_call_parser")
+    # A pair the pinned emulation does not cover is parsed by the same release's real code (engine.parsers).
+    engine = for_parsers(served.emulation, parsers.get("reasoning_parser"), tool_parser)
     try:
-        parsed = served.emulation.parse(
-            served.emulation.output_text(completion.text, completion.stop_token, tool_parser),
+        _, parsed = parse_served(engine, engine.output_text(completion.text, completion.stop_token, tool_parser), dict(
             reasoning_parser=parsers.get("reasoning_parser"), tool_parser=tool_parser, tools=tools,
-            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far)
-    except (ValueError, NotImplementedError) as err:
+            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer))
+    except (ValueError, NotImplementedError, ExplorerError) as err:
         raise ExplorerError(f"model {model.id}: {served.origin} cannot parse this output ({err})") from None
     if parsed.error:
         raise ExplorerError(f"model {model.id}: {served.origin} fails the completion: {parsed.error}")

@@ -14,8 +14,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-# One model per distinct tokenizer file (qwen3.5 shares qwen3.6's; Kimi has none offline).
-TOKENIZER_MODELS = ("qwen3.6", "glm-5.1", "deepseek-v4", "gpt-oss")
+# One model per distinct tokenizer file (qwen3.5 shares qwen3.6's, qwen3-2507 qwen3-coder's, glm-4.7-flash
+# glm-5.1's; Kimi has none offline).
+TOKENIZER_MODELS = ("qwen3.6", "glm-5.1", "deepseek-v4", "gpt-oss", "qwen3-coder", "qwen2.5", "deepseek-v3.1")
 
 
 def generate() -> None:

@@ -66,15 +66,18 @@ class Glue:
         reasoning = _first_module(REASONING_MANAGERS).ReasoningParserManager
         return {"tool_parsers": _registered(tools), "reasoning_parsers": _registered(reasoning)}
 
-    def serving(self, reasoning_parser: str | None, tool_parser: str | None, model_type: str) -> Any:
-        key = (reasoning_parser, tool_parser, model_type)
+    def serving(self, reasoning_parser: str | None, tool_parser: str | None, model_type: str, tokenizer: Any) -> Any:
+        key = (reasoning_parser, tool_parser, model_type, id(tokenizer))
         if key not in self._servings:
             # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
             # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
             self._servings.clear()
             config = model_config(model_type)
+            # The renderer holds the model's tokenizer, as a served model's does: vLLM >= 0.33 builds the parsers
+            # with it at startup (ParserManager.validate_parser_tokenizer; hermes refuses a missing one).
             client = Permissive("engine_client", model_config=config, errored=False, is_running=True,
-                               vllm_config=Permissive("vllm_config", model_config=config))
+                               vllm_config=Permissive("vllm_config", model_config=config),
+                               renderer=Permissive("renderer", tokenizer=tokenizer))
             models = Permissive("models", model_config=config, base_model_paths=[], lora_requests={})
             known = {"engine_client": client, "model_config": config, "models": models, "response_role": "assistant",
                      "request_logger": None, "chat_template": None, "chat_template_content_format": "auto",
@@ -123,7 +126,8 @@ class Glue:
     def parse(self, job: dict, tokenizer: Any) -> dict:
         if job.get("stream"):
             return self.parse_stream(job, tokenizer)
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"))
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"),
+                               tokenizer)
         request = self.request(job)
         token_ids = job["token_ids"] if job.get("token_ids") is not None else tokenizer.ids_for(job["chunks"])
         prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in job.get("prompt_tail") or []] or [1]
@@ -159,7 +163,8 @@ class Glue:
     def parse_stream(self, job: dict, tokenizer: Any) -> dict:
         """The release's chat_completion_stream_generator fed one RequestOutput per chunk (delta text and ids, the
         last one finished); the client's message is the accumulated deltas of the server-sent events."""
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"))
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), job.get("model_type", "generic"),
+                               tokenizer)
         request = self.request(job, stream=True)
         prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in job.get("prompt_tail") or []] or [1]
         chunks, ids = job["chunks"], self.chunk_ids(job, tokenizer)
