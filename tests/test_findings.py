@@ -161,7 +161,7 @@ ROWS = [
     ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:249-298'),
     ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:94-142'),
     ('deepseek-v3.1', 'tool-call-truncated', 'raw', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38-39'),
-    ('deepseek-v3.1', 'tool-call-truncated', 'vllm@0.33.0', 'error', 'deepseek-ai-DeepSeek-V3.1.jinja for model deepseek-v3.1 raised at line 59'),
+    ('deepseek-v3.1', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser call-lost vllm/parser/abstract_parser.py:850'),
     ('deepseek-v3.1', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser call-lost sglang/srt/entrypoints/openai/serving_chat.py:2962'),
     ('deepseek-v3.1', 'tool-call-truncated', 'sglang@0.5.12', 'holds', None),
     ('deepseek-v3.1', 'args-serialization', 'raw', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38'),
