@@ -55,6 +55,10 @@ class CheckReport:
     @property
     def text(self) -> str:
         lines = [f"# {self.template} for {self.model}, engine {self.engine_label}"]
+        bypassed = next((c.renderer for c in self.cells if c.renderer and not c.renderer.startswith("template")), None)
+        if bypassed:  # e.g. vLLM renders gpt-oss through openai-harmony whatever --chat-template says
+            lines.append(_wrap(f"note: this engine renders {self.model} with {bypassed}, not with the template",
+                               "", " " * 6))
         if self.refused is not None:
             lines.append(_wrap(f"error: {self.refused}", "", " " * 7))
             lines.append(f"the template fails the basic conversation (first request of scenario {PROBE_SCENARIO}); "

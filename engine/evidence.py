@@ -238,7 +238,8 @@ def source_url(origin: str, path: str, line: int, end_line: int | None = None, h
                hub_file: str = "") -> str | None:
     """A link to the blamed line: the engine's source at that version, or the template file on the Hub."""
     anchor = f"#L{line}" + (f"-L{end_line}" if end_line and end_line != line else "")
-    name, _, version = origin.partition(" ")
+    name, _, rest = origin.partition(" ")
+    version = rest.split(" ")[0]  # "vllm 0.33.0 encoder": the engine's own file at that release
     if name in SOURCE_REPOS and version:
         return SOURCE_REPOS[name].format(version=version, path=path) + anchor
     if origin.startswith("template") and hub_repo and hub_file:
@@ -302,6 +303,9 @@ def explain_error(cell: CellResult, model: LoadedModel, around: int = 3) -> Erro
     found = _FAILED_LINE.search(cell.note)
     line = int(found.group(1)) if found else None
     location = url = None
+    from engine.serving.rendering import cell_model
+
+    model = cell_model(cell, model)  # the renderer the cell's engine used: its lines are what the note cites
     excerpt: tuple[tuple[int, str], ...] = ()
     if line is not None:
         lines = model.renderer.source_lines()
@@ -494,6 +498,7 @@ def cell_evidence(cell: CellResult, model: LoadedModel, context: int = 8, upload
                       "kwargs": cell.kwargs},
         "asset_hashes": dict(sorted(cell.asset_hashes.items())),
         "asset_sources": dict(sorted(model.asset_sources.items())),
+        "serving": {"renderer": cell.renderer, "request_side": cell.request_side},
         "scenario": _scenario_json(cell.scenario),
         "result": cell_json(cell),
         "boundaries": boundaries,
@@ -529,6 +534,8 @@ def cell_markdown(cell: CellResult, model: LoadedModel, context: int = 8) -> str
     out = [f"### {cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}", ""]
     kwargs = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "(none)"
     out.append(f"- template kwargs: {kwargs}")
+    if cell.renderer:
+        out.append(f"- rendered by: {cell.renderer}; request side: {cell.request_side}")
     for name, digest in sorted(cell.asset_hashes.items()):
         out.append(f"- asset `{name}` sha256 `{digest}`")
     if cell.note:

@@ -58,6 +58,8 @@ def cell_json(cell: CellResult) -> dict:
         "prefill_tokens": focus.prefill_tokens if focus else None,
         "cause": cell.cause.to_json() if cell.cause else None,
         "note": cell.note,
+        "renderer": cell.renderer,  # which renderer built the prompts (the engine's own where it has one)
+        "request_side": cell.request_side,  # which code prepared the messages (emulation or the release's own)
         "boundaries": [boundary_json(b) for b in cell.boundaries],
     }
 

@@ -44,6 +44,9 @@ class ModelSpec:
     special_tokens: dict[str, Any]
     engine_parsers: dict[str, dict[str, str]]  # engine name -> {"reasoning_parser": ..., "tool_call_parser": ...}
     manifest_path: Path = field(compare=False)
+    # config.json's model_type, which engines key their own renderers on (engine/serving/rendering.py); "" for a
+    # model every engine renders from its Hub template.
+    model_type: str = ""
     # When the model's turns carry reasoning: "always" (the scenario's, as written), "prompt" (only after a
     # generation prompt that leaves a think block open: thinking on), "never" (a model that does not think).
     reasoning: str = "always"
@@ -116,6 +119,7 @@ def spec_from_manifest(raw: dict[str, Any], path: Path) -> ModelSpec:
             special_tokens=dict(raw.get("special_tokens", {})),
             engine_parsers={k: dict(v) for k, v in raw.get("engines", {}).items()},
             manifest_path=path,
+            model_type=str(raw.get("model_type", "")),
             reasoning=_reasoning_mode(raw.get("reasoning", "always"), path),
             added_tokens={str(k): int(v) for k, v in raw.get("added_tokens", {}).items()},
         )
@@ -140,6 +144,10 @@ class LoadedModel:
     tokenizer_unavailable: str | None  # the sentence saying why, and how to supply one
     asset_hashes: dict[str, str]
     asset_sources: dict[str, str]
+    # Set on a copy rendered the way one engine release renders it (engine.serving.rendering.served_model): the
+    # model it was made from and that release ("vllm@0.33.0").
+    served_from: LoadedModel | None = None
+    served_by: str | None = None
 
     @property
     def id(self) -> str:

@@ -79,7 +79,7 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
-from engine.parsers import list_engines, parse_served, serving_engine
+from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
 from engine.simulate import client_message, raw_request, reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, token_ids, tokenize_extending
@@ -671,6 +671,8 @@ def simulate_session(
     if engine is not None and history != "template":
         raise ExplorerError(f"engine {engine!r} re-renders every request from the parsed messages, so it cannot "
                             f"keep the history {history!r}; use history 'template' with an engine")
+    if engine not in (None, "raw"):
+        model = _as_served(model, engine)
     template_kwargs, render = _session_renderer(model, script, kwargs)
     engine_side = _EngineSide(model, script, engine, template_kwargs, render) if engine is not None else None
     tokenizer = model.tokenizer
@@ -692,7 +694,8 @@ def simulate_session(
             prompt_ids = sequence_ids = prompt_state.ids
             if written is not None:
                 sequence_ids = SharedSequence(prompt_ids, prompt_ids.length, np.asarray(written.ids, dtype=np.int32))
-            views = engine_side.views(prompt, prompt_state, to_render, tools, len(messages), written)
+            views = engine_side.views(prompt, prompt_state, to_render, engine_side.rendered_tools, len(messages),
+                                      written)
         elif history == "template":
             prompt = sequence = render(messages, tools, True)
             prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last)
@@ -761,6 +764,19 @@ def _assistant_turn(script: SessionScript, index: int) -> AssistantTurn:
     return AssistantTurn(reasoning, content, tool_call_specs(reply.get("tool_calls"), where))
 
 
+def _as_served(model: LoadedModel, engine: str) -> LoadedModel:
+    """The model as `engine`'s release renders it (engine.serving.rendering); an unknown engine is _EngineSide's
+    to report."""
+    from engine.serving.rendering import ServingUnavailable, served_model
+
+    try:
+        return served_model(model, get_engine(engine))
+    except ValueError:
+        return model
+    except ServingUnavailable as err:
+        raise ExplorerError(str(err)) from None
+
+
 class _EngineSide:
     """Builds each request as the client sends it after the engine parsed the earlier replies, and writes the
     scripted reply as the model's completion: the sequence the cache then holds is prompt + completion."""
@@ -784,6 +800,7 @@ class _EngineSide:
         self.fmt = get_format(model.spec.family)
         self.stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
         self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
+        self.rendered_tools: list[dict] | None = None  # the last request's tools as the template was given them
         self.call_ids: dict[int, list[str]] = {}  # scripted reply's step -> the ids of its parsed tool calls
         self.calls_so_far = 0
 
@@ -816,16 +833,22 @@ class _EngineSide:
         completion the model writes when the next step is a scripted reply (else None), and the engine's edits."""
         sent = self._client_messages(messages)
         request_edits: tuple[Edit, ...] = ()
+        rendered_tools = tools
         if self.emulation is None:
             to_render = raw_request(sent, self.fmt.arguments_in_history)
         else:
-            prep = self.emulation.prepare_request(sent, tools)
+            from engine.simulate import engine_request
+
+            prep = engine_request(self.emulation, self.model, sent, tools, self.kwargs)
             if prep.error:
                 raise ExplorerError(f"model {self.model.id}: {self.origin} rejects request {number} of session "
                                     f"{self.script.id}: {prep.error}")
             to_render, request_edits = prep.messages, prep.edits
+            if prep.tools is not None:  # as the engine hands them to the template (SGLang: its pydantic dump)
+                rendered_tools = prep.tools
+        self.rendered_tools = rendered_tools
         try:
-            prompt = self.render(to_render, tools, True)
+            prompt = self.render(to_render, rendered_tools, True)
         except RenderError as err:
             # E.g. the engine dropped a tool call the template needs before the tool result that answers it.
             raise ExplorerError(f"request {number} of session {self.script.id}, as sent after {self.origin} parsed "

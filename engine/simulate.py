@@ -17,6 +17,7 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
+from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, ScriptTurn, load_scenario
 from engine.tokenize import token_ids
@@ -50,10 +51,14 @@ def _engine_parts(engine: str) -> tuple[str, str]:
         from engine import renderers_column
 
         return "renderers", renderers_column.version()
+    emulation = _engine(engine)
+    return emulation.name, emulation.version
+
+
+def _engine(engine: str):
     from engine.parsers import get_engine
 
-    emulation = get_engine(engine)
-    return emulation.name, emulation.version
+    return get_engine(engine)
 
 
 def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: bool = True) -> dict:
@@ -180,23 +185,34 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
         return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
+    from engine.serving.rendering import ServingUnavailable, served_model, serving_path
+
+    emulation = None if engine_name in ("raw", "bridge", "renderers") else _engine(engine)
+    try:
+        # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
+        model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
+    except ServingUnavailable as err:
+        return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
     if engine_name == "renderers":
         return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
+
+    def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
+        return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
     try:
-        boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides)
+        boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation)
     except _Unavailable as err:
-        return CellResult(**base, status=Status.UNAVAILABLE, note=str(err))
+        return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
-        return CellResult(**base, status=Status.ERROR, boundaries=err.boundaries, note=str(err))
+        return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
     if engine == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
         note = f"{used}; {note}" if note else used
     if all(b.holds for b in boundaries):
-        return CellResult(**base, status=Status.HOLDS, boundaries=boundaries, note=note)
+        return cell(status=Status.HOLDS, boundaries=boundaries, note=note)
     cause = None
     if explain:
         from engine.blame import BlameContext, explain_break
@@ -204,7 +220,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         broken = next(b for b in boundaries if not b.holds)
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
         cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
-    return CellResult(**base, status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+    return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
 
 
 def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
@@ -290,10 +306,10 @@ class _Failed(ExplorerError):
 
 
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict,
-               stop_after: int | None = None, overrides: _Overrides | None = None) -> tuple[Boundary, ...]:
+               stop_after: int | None = None, overrides: _Overrides | None = None,
+               emulation: EngineEmulation | None = None) -> tuple[Boundary, ...]:
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
-    emulation = None
     parsers: dict[str, str] = {}
     traced = False
     if engine not in ("raw", "bridge"):
@@ -315,21 +331,25 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
         edits: tuple[Edit, ...] = ()
-        to_render = messages
+        # A copy of the list: the history grows after this render, the request it records must not.
+        messages = list(messages)
+        to_render, template_kwargs, tools = messages, kwargs, scenario.tools
         if emulation is not None:
-            prep = emulation.prepare_request(messages, scenario.tools)
+            prep = engine_request(emulation, model, messages, scenario.tools, kwargs)
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
+            template_kwargs = template_kwargs_of(prep, kwargs)
+            tools = prep.tools if prep.tools is not None else scenario.tools
             if overrides is not None and overrides.request_undo is not None and len(boundaries) + 1 == overrides.index:
                 to_render = undo_request_edit(to_render, messages, overrides.request_undo)
                 edits = tuple(e for e in edits if e != overrides.request_undo)
         else:
             to_render = raw_request(messages, fmt.arguments_in_history)
         try:
-            rendered = model.renderer.render(to_render, scenario.tools, add_generation_prompt=generation_prompt,
-                                             kwargs=kwargs)
-            last_request[0] = RenderRequest(to_render, scenario.tools, generation_prompt, kwargs)
+            rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
+                                             kwargs=template_kwargs)
+            last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=messages)
             return rendered, edits
         except RenderError as err:
             raise _Failed(str(err), tuple(boundaries)) from err
@@ -383,6 +403,33 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         history.append(client_message(parsed, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
+
+
+# What transformers' apply_chat_template takes as its own arguments, not as template variables.
+_CALL_ARGUMENTS = frozenset({"tokenize", "add_generation_prompt", "return_dict", "continue_final_message", "tools",
+                             "chat_template", "documents"})
+
+
+def engine_request(emulation: EngineEmulation, model: LoadedModel, messages: list[dict], tools: list[dict] | None,
+                   kwargs: dict) -> RequestPrep:
+    """The engine's request side: nothing to do here when `model` is rendered by the engine's own renderer
+    (engine.serving.rendering.served_model: it runs the request side itself); for a model rendered from its Jinja
+    template the real backend runs the release's code (which reads the template and the kwargs), the emulations their
+    rewrite."""
+    if model.served_from is not None:
+        return RequestPrep(list(messages), (), None)
+    source = getattr(model.renderer, "template_source", None)
+    if isinstance(source, str):
+        return emulation.prepare_templated_request(messages, tools, kwargs=kwargs, chat_template=source)
+    return emulation.prepare_request(messages, tools)
+
+
+def template_kwargs_of(prep: RequestPrep, kwargs: dict) -> dict:
+    """The template kwargs to render with: those the engine's code resolved (without apply_chat_template's own
+    arguments), else the request's."""
+    if prep.template_kwargs is None:
+        return kwargs
+    return {k: v for k, v in prep.template_kwargs.items() if k not in _CALL_ARGUMENTS}
 
 
 def reasoning_forced(model: LoadedModel, prompt_text: str) -> bool:

@@ -334,6 +334,9 @@ class RenderRequest:
     tools: list[dict] | None
     add_generation_prompt: bool
     kwargs: dict
+    # The client's messages before the engine's request side rewrote them into `messages` (proof tests hand the
+    # same request to the engine's own code).
+    sent: list[dict] | None = field(default=None, compare=False)
 
 
 # Counterfactuals: one change to a cell, undone. Blame asks a re-run function (given by the simulator) for the
@@ -393,6 +396,9 @@ class CellResult:
     cause: Cause | None = None
     note: str | None = None  # why a cell is error/unavailable, or why token level is missing
     asset_hashes: dict[str, str] = field(default_factory=dict)
+    # Which renderer built the prompts and which code prepared the messages (engine.serving.rendering.ServingPath).
+    renderer: str = ""
+    request_side: str = ""
 
     @property
     def focus(self) -> Boundary | None:

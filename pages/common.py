@@ -33,6 +33,7 @@ from engine.evidence import (
 )
 from engine.models import LoadedModel, load_model
 from engine.scenario import load_scenario
+from engine.serving.rendering import cell_model
 from engine.simulate import Boundary, CellResult
 from engine.types import Cause
 
@@ -184,9 +185,12 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
     """The detail of one cell: figures, every boundary, the break side by side, the cause, exports (`upload`: a
     custom column's upload_json, carried by its evidence so that it replays)."""
     scenario = load_scenario(cell.scenario)
+    model = cell_model(cell, model)  # as the cell's engine rendered it: the cause's lines are that renderer's
     st.subheader(f"{cell.model} × {cell.scenario} × {engine_spec(cell)}: {cell.status}")
     st.caption(f"{scenario.description} Model output: {scenario.knob_summary}. Template kwargs: "
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
+    if cell.renderer:
+        st.caption(plain(f"Rendered by {cell.renderer}; request side: {cell.request_side}."))
     if cell.status == "error":
         error_card(cell, model)
     elif cell.status == "unavailable":

@@ -78,7 +78,7 @@ def test_a_parser_break_shows_the_edit_and_the_bridge_fix_switches_the_engine(ap
         "engine was given", "engine returned"]
     # Captions are Markdown: the proof (it quotes templates and model text) is shown escaped, as text.
     assert plain("Proof: re-run with args_convert_dump undone (sglang/srt/function_call/qwen3_coder_detector.py:229): "
-                 "the boundary holds (5010/5010 characters)") in captions
+                 "the boundary holds (5033/5033 characters)") in captions
     given, returned = (c.value for c in app.code[-2:])
     # whitespace made visible: "5" as the model wrote it, 5 as the engine returned it
     assert given.startswith('{"query":·"Zürich·café·東京",·"limit":·"5",·"exact":·"true"')
@@ -220,8 +220,10 @@ def test_a_custom_cell_exports_evidence_holding_its_template(tmp_path, monkeypat
 
 
 def test_an_error_cell_shows_where_why_and_the_fix(app: AppTest) -> None:
+    # The template alone (vLLM renders gpt-oss through openai-harmony, where this cell holds).
+    app.radio(key="engine_view").set_value("raw").run()
     _select(app, "reasoning-truncated", "gpt-oss")
-    assert [s.value for s in app.subheader] == ["gpt-oss × reasoning-truncated × vllm@0.33.0: error"]
+    assert [s.value for s in app.subheader] == ["gpt-oss × reasoning-truncated × raw: error"]
     assert "raised at line 314" in app.error[0].value
     markdown = [m.value for m in app.markdown]
     assert "**Failed at** [`openai-gpt-oss-120b.jinja:314`](https://huggingface.co/openai/gpt-oss-120b/blob/main/" \

@@ -27,12 +27,22 @@ def test_text_report_names_the_engine_and_counts(capsys) -> None:
 
 
 def test_errors_are_counted_apart_from_breaks(capsys) -> None:
-    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "vllm"]) == 1
+    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "raw"]) == 1
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "# openai-gpt-oss-120b.jinja for gpt-oss, engine vllm 0.33.0"
+    assert out.splitlines()[0] == ("# openai-gpt-oss-120b.jinja for gpt-oss, engine raw (the template alone: lossless "
+                                   "split of the model output)")
     assert out.splitlines()[-1] == ("14 scenarios: 13 break PRR, 1 error (the template failed to render: no PRR "
                                     "result), 0 hold")
     assert "error       reasoning-truncated\n" in out
+
+
+def test_an_engine_that_bypasses_the_template_says_so(capsys) -> None:
+    # vLLM renders gpt-oss through openai-harmony whatever the chat template: the truncated turn renders there.
+    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "vllm"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# openai-gpt-oss-120b.jinja for gpt-oss, engine vllm 0.33.0"
+    assert lines[1].startswith("note: this engine renders gpt-oss with openai-harmony 0.0.8")
+    assert lines[-1] == "14 scenarios: 13 break PRR, 0 errors (the template failed to render: no PRR result), 1 hold"
 
 
 def test_lines_hold_whole_words_and_every_word(capsys) -> None:
@@ -46,11 +56,12 @@ def test_lines_hold_whole_words_and_every_word(capsys) -> None:
 
 
 def test_json_to_stdout_holds_counts_and_each_cause_as_is(capsys) -> None:
-    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "vllm", "--json", "-"]) == 1
+    assert main(["check", "--model", "gpt-oss", "--template", str(GPT_OSS), "--engine", "sglang@0.5.12", "--json",
+                 "-"]) == 1
     data = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout
     assert (data["engine"], data["engine_version"], data["breaks"], data["errors"], data["holds"]) == \
-        ("vllm", "0.33.0", 13, 1, 0)
-    report = check_template("gpt-oss", GPT_OSS, "vllm")
+        ("sglang@0.5.12", "0.5.12", 12, 2, 0)
+    report = check_template("gpt-oss", GPT_OSS, "sglang@0.5.12")
     assert [c["cause"] for c in data["cells"]] == [c.cause.to_json() if c.cause else None for c in report.cells]
     assert [c["scenario"] for c in data["cells"]] == scenario_ids()
 

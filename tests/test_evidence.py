@@ -204,7 +204,8 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
     from engine.evidence import explain_error
 
     model = load_model("gpt-oss")
-    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "vllm"), model)
+    # vLLM renders gpt-oss through openai-harmony, which renders this turn; the template itself raises.
+    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "sglang@0.5.12"), model)
     assert explained is not None
     assert (explained.location, explained.line) == ("openai-gpt-oss-120b.jinja:314", 314)
     assert explained.url == "https://huggingface.co/openai/gpt-oss-120b/blob/main/chat_template.jinja#L314"
@@ -215,8 +216,8 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
                              "sent back for the model's turn has no 'content' key (an engine returns an empty answer "
                              "as null, and the request drops null keys).")
     assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
-                             "`message.content is defined`; sglang@0.5.23 (breaks), bridge (holds) render this "
-                             "scenario for gpt-oss")
+                             "`message.content is defined`; vllm@0.33.0 (holds), sglang@0.5.23 (breaks), "
+                             "bridge (holds) render this scenario for gpt-oss")
     assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
 
 

@@ -94,25 +94,25 @@ ROWS = [
     ('deepseek-v4', 'args-serialization', 'raw', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
     ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
     ('deepseek-v4', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
-    ('deepseek-v4', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
+    ('deepseek-v4', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised sglang/srt/entrypoints/openai/encoding_dsv4.py:162'),
     ('gpt-oss', 'reasoning-whitespace', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'reasoning-whitespace', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'newline-after-think', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'reasoning-truncated', 'raw', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
-    ('gpt-oss', 'reasoning-truncated', 'vllm@0.33.0', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
+    ('gpt-oss', 'reasoning-truncated', 'vllm@0.33.0', 'holds', None),
     ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
     ('gpt-oss', 'tool-call-truncated', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
     ('gpt-oss', 'args-serialization', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
-    ('gpt-oss', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
+    ('gpt-oss', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     # Issue 20's models (the scenarios that vary reasoning are unavailable for those that write none: test_check).
@@ -161,7 +161,7 @@ ROWS = [
     ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:249-298'),
     ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:94-142'),
     ('deepseek-v3.1', 'tool-call-truncated', 'raw', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38-39'),
-    ('deepseek-v3.1', 'tool-call-truncated', 'vllm@0.33.0', 'error', 'deepseek-ai-DeepSeek-V3.1.jinja for model deepseek-v3.1 raised at line 59'),
+    ('deepseek-v3.1', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser call-lost vllm/parser/abstract_parser.py:850'),
     ('deepseek-v3.1', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser call-lost sglang/srt/entrypoints/openai/serving_chat.py:2962'),
     ('deepseek-v3.1', 'tool-call-truncated', 'sglang@0.5.12', 'holds', None),
     ('deepseek-v3.1', 'args-serialization', 'raw', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38'),
@@ -216,6 +216,8 @@ ROWS = [
                          ids=[f"{r[0]}/{r[1]}/{r[2]}" for r in ROWS])
 def test_drift_matrix_row(model: str, scenario: str, engine: str, status: str, cause: str | None) -> None:
     cell = run_cell(model, scenario, engine)
+    if cell.status == "unavailable" and "whose source is not here" in (cell.note or ""):
+        pytest.skip(cell.note)  # the engine's own encoder: its wheel is neither cached nor fetchable (offline)
     assert cell.status == status
     if cell.status == "error":
         assert cell.note is not None and cell.note.startswith(cause)

@@ -47,7 +47,10 @@ def _source_span(cell, location) -> str:
     if location.path.startswith("scenarios/"):
         lines = (SCENARIOS_DIR.parent / location.path).read_text(encoding="utf-8").splitlines()
     else:
-        lines = load_model(cell.model).renderer.source_lines()
+        from engine.serving.rendering import cell_model
+
+        # The renderer the cell's engine used (vLLM's own DeepSeek V4 encoder, openai-harmony for gpt-oss).
+        lines = cell_model(cell, load_model(cell.model)).renderer.source_lines()
     return "\n".join(lines[location.line - 1:(location.end_line or location.line)])
 
 
@@ -71,6 +74,10 @@ def test_every_primary_location_contains_the_construct_its_kind_names(broken) ->
     for cell in broken:
         cause, primary = cell.cause, cell.cause.locations[0]
         where = (cell.model, cell.scenario, cell.engine, cell.engine_version, cause.location, cause.kind)
+        if cause.stage == "template" and primary.line == 0:
+            # openai-harmony (vLLM × gpt-oss) is a compiled library: the location names it, without lines.
+            assert primary.path.startswith("openai-harmony") and cell.renderer.startswith("openai-harmony"), where
+            continue
         if cause.stage == "template":
             span = _source_span(cell, primary)
             assert re.search(TEMPLATE_CONSTRUCTS[cause.kind], span), where

@@ -91,10 +91,12 @@ def test_vllm_starts_stripping_answers_around_tool_calls_at_0_24_0():
 
 
 def test_vllm_timeline_bisects_the_glm_reasoning_change():
-    need("vllm@0.20.0", "vllm@0.22.1", "vllm@0.23.0", "vllm@0.24.0", "vllm@0.26.0")
+    # From 0.22.0: before it, the releases' request side drops the client's reasoning_content altogether
+    # (tests/test_engine_request_side.py), a change of its own.
+    need("vllm@0.22.0", "vllm@0.23.0", "vllm@0.24.0", "vllm@0.25.0", "vllm@0.26.0")
     from engine.timeline import timeline
 
-    rows = timeline("glm-5.1", "reasoning-whitespace", "vllm", first="0.20.0", last="0.26.0", bisect=True)
+    rows = timeline("glm-5.1", "reasoning-whitespace", "vllm", first="0.22.0", last="0.26.0", bisect=True)
     changed = [r.release for r in rows if r.changed]
     assert changed == ["vllm@0.24.0"]
     assert {r.release: r.status for r in rows}["vllm@0.23.0"] == "holds"

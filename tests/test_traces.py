@@ -28,9 +28,17 @@ SAMPLES = ROOT / "samples" / "traces"
 HOLDS = [(1015, 0, 1015, 0, 0, None), (1081, 1059, 22, 1056, 1059, None)]
 REASONING_DROPPED = [(1015, 0, 1015, 0, 0, None), (1074, 1052, 22, 1040, 1052, None), (1085, 1013, 72, 1008, 0, 1013)]
 PARSER_VLLM = [(1067, 0, 1067, 0, 0, None), (1225, 1118, 107, 1104, 1067, 1118)]
-PARSER_SGLANG = [(1067, 0, 1067, 0, 0, None), (1227, 1118, 109, 1104, 1067, 1118)]
 CLIENT = [(1015, 0, 1015, 0, 0, None), (1065, 1014, 51, 1008, 0, 1014)]
 TOKENIZER = [(1011, 0, 1011, 0, 0, None), (1063, 1011, 52, 1008, 1011, 1011)]
+# Through SGLang the template gets SGLang's pydantic dump of the tool (`"defer_loading": null`): 6 tokens more in
+# every prompt of the sample, the same causes.
+SGLANG_FIGURES = [
+    [(1021, 0, 1021, 0, 0, None), (1087, 1065, 22, 1056, 1065, None)],
+    [(1021, 0, 1021, 0, 0, None), (1080, 1058, 22, 1056, 1058, None), (1091, 1019, 72, 1008, 0, 1019)],
+    [(1073, 0, 1073, 0, 0, None), (1233, 1124, 109, 1120, 1073, 1124)],
+    [(1021, 0, 1021, 0, 0, None), (1071, 1020, 51, 1008, 0, 1020)],
+    [(1017, 0, 1017, 0, 0, None), (1069, 1017, 52, 1008, 1017, 1017)],
+]
 
 # The same causes as the matrix cells of these scenarios (qwen3.5 × scenario × engine).
 CLIENT_CAUSE = ("client", "client-dropped-field",
@@ -95,7 +103,7 @@ def test_vllm_log_interleaved_sessions_by_prefix(qwen35_model) -> None:
 
 def test_sglang_log(qwen35_model) -> None:
     report = analyse_trace(SAMPLES / "sglang-0.5.23.log", qwen35_model, engine="sglang@0.5.23", hints=False)
-    assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_SGLANG, CLIENT, TOKENIZER]
+    assert figures(report) == SGLANG_FIGURES
     assert causes(report) == {2: TEMPLATE_CAUSE, 3: SGLANG_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
     assert report.sessions[1].steps[2].request.request_id == "next-user-turn-2-3"
     assert report.sessions[1].steps[2].request.cached_tokens == 0  # what the log says SGLang reused

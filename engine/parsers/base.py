@@ -19,6 +19,12 @@ class RequestPrep:
     messages: list[dict]
     edits: tuple[Edit, ...]
     error: str | None
+    # The template kwargs the engine hands the renderer, when its own code resolved them (the real backend: vLLM
+    # keeps only those the template reads); None: the request's, unchanged.
+    template_kwargs: dict | None = None
+    # The request's tools as the engine hands them to the template (SGLang renders its pydantic models' dumps);
+    # None: as the client sent them.
+    tools: list[dict] | None = None
 
 
 @dataclass
@@ -165,6 +171,17 @@ class EngineEmulation(ABC):
     @abstractmethod
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         """Rewrite the next request's messages the way this engine does before its template sees them."""
+
+    def prepare_templated_request(self, messages: list[dict], tools: list[dict] | None, *, kwargs: dict,
+                                  chat_template: str) -> RequestPrep:
+        """The request side of a model rendered from a Jinja template (`chat_template`, with `kwargs`): the
+        emulations do not read either (prepare_request); the real backend runs the release's own code."""
+        return self.prepare_request(messages, tools)
+
+    @property
+    def request_side_origin(self) -> str:
+        """Which code prepared the messages, for the cell: the emulation's package."""
+        return f"{self.name} {self.version} emulation ({type(self).__module__.replace('.', '/')})"
 
     @staticmethod
     def _copy(messages: list[dict]) -> list[dict]:

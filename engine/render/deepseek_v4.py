@@ -51,8 +51,10 @@ ENCODER_FILE_NAME = "encoding_dsv4.py"
 ENCODER_SHA256 = "bdbd57c132a1b3725042323d02b98b9d1df28e5f388f134399555d041f5055e0"
 TRACED_FUNCTIONS = frozenset({"render_message", "encode_messages"})
 # Encoder lines (of the pinned file) whose output is not a message's own text.
-SCAFFOLDING_STATEMENTS = ("prompt += REASONING_EFFORT_MAX", 'prompt += "\\n\\n" + render_tools(tools)')
+SCAFFOLDING_STATEMENTS = ("prompt += REASONING_EFFORT_MAX", "prompt += REASONING_EFFORT_PROMPTS[reasoning_effort]",
+                          'prompt += "\\n\\n" + render_tools(tools)')
 TRANSITION_MARKER = "# Append transition tokens"
+REPRINTING_FUNCTIONS = frozenset({"to_json"})  # the encoder's functions that print a value anew
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ class DeepSeekV4Renderer:
         # Built on first use: only cause attribution runs the encoder with its constructs observable.
         if self._instrumented_module is None:
             self._instrumented_module = InstrumentedModule(
-                Path(self._file).read_text(encoding="utf-8"), self._file, frozenset({"to_json"}),
+                Path(self._file).read_text(encoding="utf-8"), self._file, REPRINTING_FUNCTIONS,
                 _rendered_message)
         return self._instrumented_module
 

@@ -131,6 +131,7 @@ class JinjaRenderer:
         self.source_path = source_path
         self.origin = f"template {model}"
         self._source = source
+        self.template_source = source  # what an engine's request side reads (content format, template kwargs)
         # transformers passes the tokenizer's special tokens (bos_token, eos_token, ...) to every render.
         self._special_tokens = dict(special_tokens or {})
         ctu = _transformers_pieces()

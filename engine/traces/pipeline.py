@@ -12,7 +12,8 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
-from engine.simulate import client_message, raw_request, undo_request_edit
+from engine.serving.rendering import ServingUnavailable, served_model
+from engine.simulate import client_message, engine_request, raw_request, template_kwargs_of, undo_request_edit
 from engine.types import Edit, ParseResult, Rendered, RenderRequest
 
 
@@ -53,10 +54,15 @@ def render_request(model: LoadedModel, served: Served, messages: list[dict], too
     if served.emulation is None:
         to_render = raw_request(messages, get_format(model.spec.family).arguments_in_history)
     else:
-        prep = served.emulation.prepare_request(messages, tools)
+        try:  # the model as this engine release renders it (its own renderer where it has one)
+            model = served_model(model, served.emulation)
+        except ServingUnavailable as err:
+            raise ExplorerError(str(err)) from None
+        prep = engine_request(served.emulation, model, messages, tools, kwargs)
         if prep.error:
             raise ExplorerError(f"{served.origin} rejects the request: {prep.error}")
         to_render, edits = prep.messages, prep.edits
+        tools, kwargs = prep.tools if prep.tools is not None else tools, template_kwargs_of(prep, kwargs)
         if undo is not None:
             to_render, edits = undo_request_edit(to_render, messages, undo), tuple(e for e in edits if e != undo)
     try:

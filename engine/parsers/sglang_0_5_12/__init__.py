@@ -26,6 +26,23 @@ class Sglang0512Emulation(SglangEmulation):
         "gpt_oss": SglangGptOssParser0512,
     }
 
+    def served_tools(self, tools: list[dict] | None) -> list[dict] | None:
+        """protocol.py:553-581 at 0.5.12: the Function model dumps its fields in their declared order (description,
+        name, parameters, strict = false), without the client's key order; the tool keeps `defer_loading: null`."""
+        if not tools:
+            return None
+        served = []
+        for tool in tools:
+            function = tool.get("function") or {}
+            dumped = {"description": function.get("description"), "name": function.get("name"),
+                      "parameters": function.get("parameters"), "strict": bool(function.get("strict", False))}
+            defer = function.get("defer_loading", tool.get("defer_loading"))
+            if defer is not None:
+                dumped["defer_loading"] = defer
+            served.append({"type": tool.get("type", "function"), "function": dumped,
+                           "defer_loading": tool.get("defer_loading")})
+        return served
+
     def serve(self, result: ParseResult, *, tools: list[dict], stream: bool) -> ParseResult:
         if stream or result.content != "":
             return result

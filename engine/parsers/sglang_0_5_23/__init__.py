@@ -70,6 +70,26 @@ class SglangEmulation(EngineEmulation):
             return text
         return super().output_text(text, stop_token, tool_parser)
 
+    def served_tools(self, tools: list[dict] | None) -> list[dict] | None:
+        """The tools as the template receives them: `[item.model_dump() for item in request.tools]`
+        (serving_chat.py `_process_messages`) of protocol.py's Tool / Function models (810-855): unknown keys
+        dropped, the function's keys in the client's order (None-valued strict and defer_loading left out, a missing
+        description or parameters as null at the end), the tool's own `defer_loading: null` kept."""
+        if not tools:
+            return None
+        served = []
+        for tool in tools:
+            function = dict(tool.get("function") or {})
+            fields = {"description": function.get("description"), "name": function.get("name"),
+                      "parameters": function.get("parameters"), "strict": function.get("strict"),
+                      "defer_loading": function.get("defer_loading", tool.get("defer_loading"))}
+            dumped = {k: v for k, v in fields.items() if not (k in ("strict", "defer_loading") and v is None)}
+            order = [k for k in function if k in dumped]
+            served.append({"type": tool.get("type", "function"),
+                           "function": {k: dumped[k] for k in order + [k for k in dumped if k not in order]},
+                           "defer_loading": tool.get("defer_loading")})
+        return served
+
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         log = EditLog(self.origin)
         prepared = self._copy(messages)
@@ -98,4 +118,4 @@ class SglangEmulation(EngineEmulation):
                     194,
                     "arguments string parsed (orjson) into a dict before rendering",
                 )
-        return RequestPrep(prepared, tuple(log.edits), None)
+        return RequestPrep(prepared, tuple(log.edits), None, tools=self.served_tools(tools))

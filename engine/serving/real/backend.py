@@ -8,8 +8,10 @@ Each engine@version runs in its own long-lived worker process (worker.py): start
 when the kernel allows it, with RLIMIT_AS, a clean environment, the sources read-only and a time limit per request
 (the worker is killed and restarted after one). A stub that a parse touched comes back as a warning in the result.
 
-The request side (`prepare_request`) and `output_text` are the pinned emulation of the same engine: only the
-response path runs the release's code here.
+The request side runs the release's code too (`render_request`, `prepare_templated_request`): its protocol
+validation and message handling up to the template call, whose arguments come back for the explorer to render with
+the model's template, or, where the release renders the model itself (harmony, a bundled encoder), the prompt.
+`prepare_request` without a template and `output_text` are the pinned emulation of the same engine.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ExplorerError
+from engine.errors import ExplorerError, RenderError
 from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
 from engine.types import Edit, Location, ParseResult, ToolCall
@@ -283,6 +285,36 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
     return tuple(edits)
 
 
+def request_edits(origin: str, entry: str, sent: list[dict], conversation: list[dict]) -> tuple[Edit, ...]:
+    """What the release's request side changed in the client's messages, read off the conversation it handed the
+    template (message by message, as blame undoes them): reasoning renamed or dropped, arguments parsed into dicts.
+    The location is the release's function the request went through; the line that did it is not traced."""
+    path, _, line = entry.rpartition(":")
+    where = Location(origin, path or "request side", int(line) if line.isdigit() else 0)
+    edits: list[Edit] = []
+    if len(sent) != len(conversation):
+        return ()
+    for index, (client, served) in enumerate(zip(sent, conversation)):
+        if client.get("role") != "assistant":
+            continue
+        for key in ("reasoning_content", "reasoning"):
+            if client.get(key) is None:
+                continue
+            kept = [k for k in ("reasoning", "reasoning_content") if served.get(k) == client[key]]
+            if key not in kept:
+                after = " + ".join(f"messages[{index}].{k}" for k in kept)
+                edits.append(Edit("reasoning_renamed" if kept else "reasoning_dropped", f"messages[{index}].{key}",
+                                  after, where, f"the template receives the client's {key} as {after}" if kept else
+                                  f"the release's request side does not pass the client's {key} to the template"))
+        for call, served_call in zip(client.get("tool_calls") or [], served.get("tool_calls") or []):
+            before = call.get("function", {}).get("arguments")
+            after = served_call.get("function", {}).get("arguments")
+            if isinstance(before, str) and not isinstance(after, str):
+                edits.append(Edit("args_parsed", before, json.dumps(after, ensure_ascii=False), where,
+                                  "arguments string parsed into an object; the template re-serialises it"))
+    return tuple(edits)
+
+
 def _pinned(engine: str) -> EngineEmulation:
     from engine.parsers import get_engine
 
@@ -314,6 +346,7 @@ class RealEngine(EngineEmulation):
     def __init__(self, engine: str, version: str, *, offline: bool = False) -> None:
         self.name, self.version, self.offline = engine, version, offline
         self._names: dict | None = None
+        self.request_side_missing: str | None = None  # why the pinned emulation stood in for the release's code
 
     @property
     def origin(self) -> str:
@@ -406,5 +439,47 @@ class RealEngine(EngineEmulation):
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
         return _pinned(self.name).output_text(text, stop_token, tool_parser)
 
+    @property
+    def request_side_origin(self) -> str:
+        if self.request_side_missing:
+            return f"{_pinned(self.name).request_side_origin}, standing in: {self.request_side_missing}"
+        glue = "vllm/renderers/hf.py HfRenderer.render_messages" if self.name == "vllm" else \
+            "sglang/srt/entrypoints/openai/serving_chat.py _convert_to_internal_request"
+        return f"{self.name} {self.version} real code ({glue})"
+
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
         return _pinned(self.name).prepare_request(messages, tools)
+
+    def prepare_templated_request(self, messages: list[dict], tools: list[dict] | None, *, kwargs: dict,
+                                  chat_template: str) -> RequestPrep:
+        """The release's own request side for a Jinja-templated model: the conversation, tools and kwargs it
+        would hand transformers' apply_chat_template. The pinned emulation's edits name what changed (blame undoes
+        them one by one); a refusal by the release's code is the request's error."""
+        job = {"renderer": "jinja", "messages": messages, "tools": tools or None,
+               "chat_template_kwargs": dict(kwargs), "chat_template": chat_template}
+        try:
+            reply = self.render_request(job)
+        except RenderError as err:
+            return RequestPrep(messages, (), str(err))
+        if "unsupported" in reply:  # an API shape the glue does not drive: the pinned emulation stands in
+            self.request_side_missing = reply["unsupported"]
+            return _pinned(self.name).prepare_request(messages, tools)
+        conversation = reply["conversation"]
+        edits = request_edits(self.origin, reply.get("entry", ""), messages, conversation)
+        return RequestPrep(conversation, edits, None, template_kwargs=reply["template_kwargs"], tools=reply["tools"])
+
+    def render_request(self, job: dict, tokenizer: Any = None) -> dict:
+        """One request through the release's own request side in its worker (glue_*.py `render`); RenderError in
+        one sentence, naming the release's file and line, when its code refuses the request."""
+        vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
+        job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
+        worker = worker_for(self.name, self.version, offline=self.offline)
+        reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+        result = reply.get("result") or {}
+        if not reply.get("ok") or result.get("error"):
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            error = result.get("error") or reply.get("error")
+            path, _, line = (reply.get("where") or "").rpartition(":")
+            raise RenderError(f"{self.spec}'s request side refuses the request{where}: {error}", path=path,
+                              source_line=int(line) if line.isdigit() else None)
+        return result

@@ -9,6 +9,7 @@ call ids are that release's code. The process-wide runtime context (0.5.2x's `ge
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
@@ -53,8 +54,8 @@ def _fake_runtime_context() -> None:
 
 
 class Glue:
-    def __init__(self, version: str) -> None:
-        self.version = version
+    def __init__(self, version: str, root: Path) -> None:
+        self.version, self.root = version, root
         self.serving_module = importlib.import_module(SERVING_MODULE)
         _fake_runtime_context()
         self.protocol = importlib.import_module("sglang.srt.entrypoints.openai.protocol")
@@ -129,7 +130,7 @@ class Glue:
         return {"reasoning": message.reasoning_content, "content": message.content, "tool_calls": calls,
                 "error": None}
 
-    def render(self, job: dict, tokenizer: Any) -> dict:
+    def render_prompt(self, job: dict, tokenizer: Any) -> dict:
         """The prompt the release's serving code builds for a chat request (messages, tools, chat_template_kwargs),
         through its own request path, `_process_messages` (its chat encodings, e.g. 0.5.23's deepseek-recipe for
         DeepSeek V4, or the Jinja template it was given): the prompt ids and their decoded text, or the sentence the
@@ -180,3 +181,72 @@ class Glue:
             return [event async for event in stream]
 
         return streamed_message(asyncio.run(events()))
+
+    # -- the request side --------------------------------------------------------------------------------------
+
+    def render(self, job: dict, tokenizer: Any) -> dict:
+        """What the release makes of one chat request before the model sees it, through its own serving code:
+        `_convert_to_internal_request` (reasoning_effort moved out of chat_template_kwargs, the messages processed
+        for the template's content format, arguments parsed into dicts, SGLang's DeepSeek V4 encoder where the
+        release has one). The tokenizer records the call the release makes: apply_chat_template's arguments (for
+        the explorer to render with the model's template) or, for an encoder, the prompt text it tokenizes.
+        A job without `renderer` asks for the prompt ids of the whole request path instead (render_prompt:
+        engine/render/deepseek_recipe.py)."""
+        if "renderer" not in job:
+            return self.render_prompt(job, tokenizer)
+        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), True, tokenizer)
+        content_format = "string"
+        if job.get("chat_template"):
+            content_format = _template_utils().detect_jinja_template_content_format(job["chat_template"])
+        object.__setattr__(serving, "template_manager", Permissive(
+            "template_manager", force_reasoning=True, chat_template_name=None,
+            jinja_template_content_format=content_format))
+        if job["renderer"] == "deepseek_v4":
+            hf = HfConfig(job.get("model_type") or "generic")
+            hf.architectures = ["DeepseekV4ForCausalLM"]
+            object.__setattr__(serving.tokenizer_manager.model_config, "hf_config", hf)
+            if hasattr(serving, "_resolve_chat_encoding_spec"):
+                serving.chat_encoding_spec = serving._resolve_chat_encoding_spec()
+        tools = job.get("tools") or None
+        request = self.protocol.ChatCompletionRequest(
+            messages=job["messages"], model="m", tools=tools, tool_choice="auto" if tools else "none",
+            chat_template_kwargs=job.get("chat_template_kwargs") or None)
+        tokenizer.calls.clear()
+        if job["renderer"] == "deepseek_v4":
+            from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
+
+            encoder = importlib.import_module("sglang.srt.entrypoints.openai.encoding_dsv4")
+            with recorded_calls(encoder, "encode_messages") as calls:
+                failure = _attempt(serving, request)
+            texts = [c["text"] for c in tokenizer.calls if c["kind"] == "encode"]
+            if not texts:
+                return {"error": failure or "the release's request side never encoded a prompt"}
+            return encoder_reply(texts[0], calls, encoder, self.root, job)
+        failure = _attempt(serving, request)
+        reply = tokenizer.last_template_call()
+        if failure and "error" in reply:
+            return {"error": failure}
+        import inspect
+
+        method = type(serving)._apply_jinja_template
+        where = Path(inspect.getsourcefile(method) or "").relative_to(self.root)
+        return {**reply, "entry": f"{where}:{inspect.getsourcelines(method)[1]}"}
+
+
+def _attempt(serving: Any, request: Any) -> str | None:
+    """Run the release's request conversion; what follows the template call (sampling parameters, the internal
+    request) may fail on the fakes, and only matters when the template call was not reached."""
+    try:
+        serving._convert_to_internal_request(request)
+    except Exception as exc:  # noqa: BLE001 - reported only when the template call was not reached
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _template_utils() -> Any:
+    for name in ("sglang.srt.parser.jinja_template_utils", "sglang.srt.jinja_template_utils"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError("jinja_template_utils")

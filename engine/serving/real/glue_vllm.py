@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+from pathlib import Path
 from typing import Any
 
 from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
@@ -53,8 +54,8 @@ def _registered(manager: Any) -> list[str]:
 
 
 class Glue:
-    def __init__(self, version: str) -> None:
-        self.version = version
+    def __init__(self, version: str, root: Path) -> None:
+        self.version, self.root = version, root
         self.serving_module = _first_module(SERVING_MODULES)
         self.protocol = inspect.getmodule(self.serving_module.ChatCompletionRequest)
         self.outputs = importlib.import_module("vllm.outputs")
@@ -191,3 +192,92 @@ class Glue:
             return [event async for event in call_with(generator, known)]
 
         return streamed_message(asyncio.run(events()))
+
+    # -- the request side --------------------------------------------------------------------------------------
+
+    def chat_request(self, job: dict) -> Any:
+        """The request as the release's protocol validates it (its before-validators rename reasoning_content)."""
+        tools = job.get("tools") or None
+        fields = {"reasoning_effort": job["reasoning_effort"]} if job.get("reasoning_effort") else {}
+        return self.protocol.ChatCompletionRequest(
+            messages=job["messages"], model="m", tools=tools, tool_choice="auto" if tools else None,
+            chat_template_kwargs=job.get("chat_template_kwargs") or None, **fields)
+
+    def render(self, job: dict, tokenizer: Any) -> dict:
+        """What the release makes of one chat request before the model sees it, through its own code: the protocol's
+        validation, then the renderer this release uses for the model (`job["renderer"]`):
+          - "harmony": OnlineRenderer._make_request_with_harmony (the prompt ids, decoded);
+          - "deepseek_v4": DeepseekV4Renderer.render_messages over the bundled encoder (the prompt text);
+          - "jinja": HfRenderer.render_messages up to the tokenizer's apply_chat_template, whose arguments are
+            returned (the conversation after parse_chat_messages, tools and the template kwargs it resolved), for
+            the explorer to render with the model's template.
+        Only the 0.33-era renderer API (vllm/renderers/) is driven; older releases answer an error sentence."""
+        request = self.chat_request(job)
+        try:
+            renderer_module = importlib.import_module("vllm.renderers.hf")
+            params_module = importlib.import_module("vllm.renderers.params")
+        except ModuleNotFoundError:
+            return {"unsupported": f"vLLM {self.version} predates vllm/renderers/ (0.15): its request side is not "
+                                   "driven here"}
+        if not hasattr(request, "build_chat_params"):
+            return {"unsupported": f"vLLM {self.version}'s ChatCompletionRequest has no build_chat_params (0.16): "
+                                   "its request side is not driven here"}
+        config = model_config(job.get("model_type", "generic"))
+        tool_dicts = [tool.model_dump() for tool in request.tools] if request.tools else None
+        if job["renderer"] == "harmony":
+            online = importlib.import_module("vllm.renderers.online_renderer")
+            owner = Permissive("online_renderer", renderer=Permissive("renderer", tokenizer=tokenizer),
+                               reasoning_effort_map={}, supports_browsing=False, supports_code_interpreter=False,
+                               model_config=config)
+            _, inputs = online.OnlineRenderer._make_request_with_harmony(owner, request, tool_dicts is not None)
+            ids = list(inputs[0]["prompt_token_ids"])
+            return {"prompt_ids": ids, "prompt": tokenizer.decode(ids)}
+        defaults = {"tools": tool_dicts, "tokenize": False}
+        params = call_with(request.build_chat_params, {"default_template": job.get("chat_template"),
+                                                       "default_template_content_format": "auto",
+                                                       "reasoning_effort_map": {}})
+        if hasattr(params, "with_defaults"):
+            merge = getattr(params_module, "merge_kwargs", None)
+            params = params.with_defaults(merge(None, defaults) if merge else defaults)
+        if job["renderer"] == "deepseek_v4":
+            from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
+
+            module = importlib.import_module("vllm.renderers.deepseek_v4")
+            tokenizer_module = importlib.import_module("vllm.tokenizers.deepseek_v4")
+            renderer = object.__new__(module.DeepseekV4Renderer)
+            renderer.model_config = config
+            renderer.tokenizer = tokenizer_module.get_deepseek_v4_tokenizer(tokenizer)
+            with recorded_calls(tokenizer_module, "encode_messages") as calls:
+                _, prompt = renderer.render_messages(request.messages, params)
+            encoder = importlib.import_module("vllm.tokenizers.deepseek_v4_encoding")
+            return encoder_reply(prompt["prompt"], calls, encoder, self.root, job)
+        _real_template_parser(renderer_module)
+        tokenizer.chat_template = job.get("chat_template")
+        renderer = object.__new__(renderer_module.HfRenderer)
+        renderer.model_config, renderer.tokenizer, renderer.use_unified_vision_chunk = config, tokenizer, False
+        tokenizer.calls.clear()
+        renderer.render_messages(request.messages, params)
+        entry = _entry(renderer_module.HfRenderer.render_messages, self.root)
+        return {**tokenizer.last_template_call(), "entry": entry}
+
+
+def _entry(function: Any, root: Path) -> str:
+    """file:line of the release's function the request went through (what the cell cites)."""
+    lines = inspect.getsourcelines(function)[1]
+    return f"{Path(inspect.getsourcefile(function) or '').relative_to(root)}:{lines}"
+
+
+def _real_template_parser(hf_module: Any) -> None:
+    """vLLM reads the template's syntax tree through transformers' Jinja compiler (hf.py:568-571, stubbed in the
+    worker) to detect the content format; a real Jinja environment with the same parse settings and extensions gives
+    the same tree."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+
+    def compile_template(source: str) -> Any:
+        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[hf_module.AssistantTracker, jinja2.ext.loopcontrols])
+        return environment.from_string(source)
+
+    importlib.import_module("transformers.utils.chat_template_utils")._compile_jinja_template = compile_template

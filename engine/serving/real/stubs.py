@@ -30,7 +30,7 @@ HEAVY_ROOTS = frozenset({
     "psutil", "cpuinfo", "setproctitle", "cloudpickle", "PIL", "cv2", "av", "librosa", "soundfile", "scipy",
     "decord", "einops", "mistral_common", "tiktoken", "grpc", "opentelemetry", "modelscope", "hf_transfer",
     "blobfile", "IPython", "tqdm", "starlette", "sse_starlette", "pydantic_settings", "anthropic", "mcp",
-    "diskcache", "filelock", "watchfiles", "depyf", "blake3", "cbor2", "pybase64", "openai", "jinja2", "pandas",
+    "diskcache", "filelock", "watchfiles", "depyf", "blake3", "cbor2", "pybase64", "openai", "pandas",
     "tabulate", "lark", "model_hosting_container_standards", "msgpack", "python_multipart", "multipart", "numba",
     "cupy", "deep_gemm", "deep_ep", "nixl", "lmcache", "mooncake", "quack", "cuda", "nvidia", "apache_tvm_ffi",
     "tvm_ffi", "pynvml", "torch_memory_saver", "dill", "yaml", "numpy",
@@ -184,7 +184,26 @@ def _import_time_value(module: str, name: str):
     if module == "torch" and name in ("iinfo", "finfo"):
         return lambda dtype=None: types.SimpleNamespace(max=2**63 - 1, min=-(2**63), eps=1e-7, tiny=1e-38,
                                                         bits=64)
+    if module.split(".")[0] == "openai" and name.endswith("Param"):
+        return typed_dict_stub(f"{module}.{name}")
     return stub_class(f"{module}.{name}")
+
+
+def typed_dict_stub(qualname: str) -> type:
+    """openai's `...Param` types are TypedDicts: the request side builds message parts with them
+    (`ChatCompletionContentPartTextParam(type="text", text=...)`), which must give a dict, as a TypedDict does."""
+
+    def _schema(cls, source, handler):
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
+
+    def _init_subclass(cls, **kwargs) -> None:  # `class X(Param, total=False)`
+        pass
+
+    return type(qualname.rsplit(".", 1)[-1], (dict,), {"__get_pydantic_core_schema__": classmethod(_schema),
+                                                       "__init_subclass__": classmethod(_init_subclass),
+                                                       "__module__": "stub", "__qualname__": qualname})
 
 
 class _StubLoader(importlib.abc.Loader):

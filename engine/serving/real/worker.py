@@ -45,9 +45,33 @@ class VocabTokenizer:
         self.chat_template = None
         self.init_kwargs: dict = {}
         self.special_tokens_map: dict = {}
+        # The request side: what the engine's code handed the tokenizer to render ("template" calls) or to encode
+        # (text it rendered itself), in order; cleared per job.
+        self.calls: list[dict] = []
 
     def get_vocab(self) -> dict[str, int]:
         return self._vocab
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def get_chat_template(self, chat_template: str | None = None, tools: list | None = None) -> str | None:
+        return chat_template if chat_template is not None else self.chat_template
+
+    def apply_chat_template(self, conversation: Any = None, tools: Any = None, **kwargs: Any) -> Any:
+        """Records what the engine would have transformers render (the explorer renders it with the model's
+        template) and answers an empty prompt."""
+        kwargs.pop("chat_template", None)
+        self.calls.append({"kind": "template", "conversation": _plain(conversation), "tools": _plain(tools),
+                           "kwargs": _plain(kwargs)})
+        return [] if kwargs.get("tokenize", True) else ""
+
+    def last_template_call(self) -> dict:
+        calls = [c for c in self.calls if c["kind"] == "template"]
+        if not calls:
+            return {"error": "the release's request side never reached apply_chat_template"}
+        call = calls[-1]
+        return {"conversation": call["conversation"], "tools": call["tools"], "template_kwargs": call["kwargs"]}
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -67,6 +91,7 @@ class VocabTokenizer:
         return [self._inverse.get(i, "") for i in ids]
 
     def encode(self, text: str, add_special_tokens: bool = False, **kwargs) -> list[int]:
+        self.calls.append({"kind": "encode", "text": text})
         if self.backend_tokenizer is not None:
             return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
         return [self._vocab.get(text, ORDINARY_TOKEN_ID)]
@@ -84,6 +109,19 @@ class VocabTokenizer:
         if self.backend_tokenizer is not None:
             return list(self.backend_tokenizer.encode("".join(chunks), add_special_tokens=False).ids)
         return [self._vocab[c] if c in self._vocab else ORDINARY_TOKEN_ID for c in chunks]
+
+
+def _plain(value: Any) -> Any:
+    """JSON-shaped data from what the engine passes around (pydantic models, TypedDicts, tuples)."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 _HARMONY = None
@@ -119,7 +157,7 @@ class Worker:
             from engine.serving.real import glue_vllm as glue
         else:
             from engine.serving.real import glue_sglang as glue
-        self.glue = glue.Glue(version)
+        self.glue = glue.Glue(version, root)
         self.import_s = time.perf_counter() - started
         self.tokenizers: dict[str, VocabTokenizer] = {}
 
@@ -129,8 +167,10 @@ class Worker:
             return {"ok": True, "import_s": self.import_s, "stubbed_roots": sorted(self.finder.stubbed)}
         if op == "parsers":
             return {"ok": True, **self.glue.parsers()}
-        if op in ("parse", "render"):
+        if op == "parse":
             return self.parse(request)
+        if op == "render":
+            return self.run_job(request, self.glue.render)
         if op == "network_check":  # the sandbox's own check: can this process open a connection to PyPI?
             import socket
 
@@ -142,6 +182,9 @@ class Worker:
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def parse(self, job: dict) -> dict:
+        return self.run_job(job, self.glue.parse)
+
+    def run_job(self, job: dict, step: Any) -> dict:
         tok = job["tokenizer"]
         key = json.dumps([tok, bool(job.get("harmony"))], sort_keys=True)
         tokenizer = self.tokenizers.get(key)
@@ -161,8 +204,7 @@ class Worker:
             if tracer is not None:
                 tracer.start()
             try:
-                run = self.glue.render if job.get("op") == "render" else self.glue.parse
-                result = run(job, tokenizer)
+                result = step(job, tokenizer)
             finally:
                 if tracer is not None:
                     tracer.stop()
