@@ -311,15 +311,16 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
-    traced = False
+    traced: bool | None = None  # None: the real backend's own choice, traced where that is cheap
     if engine not in ("raw", "bridge"):
         from engine.parsers import parse_served, serving_engine
 
         serving = serving_engine(engine, model.spec.engine_parsers)
         emulation, parsers = serving.engine, serving.parsers
         # A pinned column (not an explicit release) whose parsing falls to the real code traces it, so that a cause
-        # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer).
-        traced = serving.pinned
+        # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer); an
+        # explicit release keeps the backend's default.
+        traced = True if serving.pinned else None
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
