@@ -839,7 +839,7 @@ class _EngineSide:
         else:
             from engine.simulate import engine_request
 
-            prep = engine_request(self.emulation, self.model, sent, tools, self.kwargs)
+            prep = engine_request(self.emulation, self.model, sent, tools, self.kwargs, self.parsers)
             if prep.error:
                 raise ExplorerError(f"model {self.model.id}: {self.origin} rejects request {number} of session "
                                     f"{self.script.id}: {prep.error}")

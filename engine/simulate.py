@@ -321,6 +321,10 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer); an
         # explicit release keeps the backend's default.
         traced = True if serving.pinned else None
+        try:  # a release without the model's parsers cannot serve it: said before its request side is run
+            emulation.check_names(parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
+        except ValueError as err:
+            raise _Unavailable(str(err)) from err
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -336,7 +340,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         messages = list(messages)
         to_render, template_kwargs, tools = messages, kwargs, scenario.tools
         if emulation is not None:
-            prep = engine_request(emulation, model, messages, scenario.tools, kwargs)
+            prep = engine_request(emulation, model, messages, scenario.tools, kwargs, parsers)
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
@@ -412,7 +416,7 @@ _CALL_ARGUMENTS = frozenset({"tokenize", "add_generation_prompt", "return_dict",
 
 
 def engine_request(emulation: EngineEmulation, model: LoadedModel, messages: list[dict], tools: list[dict] | None,
-                   kwargs: dict) -> RequestPrep:
+                   kwargs: dict, parsers: dict[str, str] | None = None) -> RequestPrep:
     """The engine's request side: nothing to do here when `model` is rendered by the engine's own renderer
     (engine.serving.rendering.served_model: it runs the request side itself); for a model rendered from its Jinja
     template the real backend runs the release's code (which reads the template and the kwargs), the emulations their
@@ -421,7 +425,8 @@ def engine_request(emulation: EngineEmulation, model: LoadedModel, messages: lis
         return RequestPrep(list(messages), (), None)
     source = getattr(model.renderer, "template_source", None)
     if isinstance(source, str):
-        return emulation.prepare_templated_request(messages, tools, kwargs=kwargs, chat_template=source)
+        return emulation.prepare_templated_request(messages, tools, kwargs=kwargs, chat_template=source,
+                                                   parsers=parsers)
     return emulation.prepare_request(messages, tools)
 
 

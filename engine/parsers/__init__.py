@@ -60,7 +60,7 @@ def get_engine(spec: str) -> EngineEmulation:
         override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
                     "tool_call_parser": None if tool in ("", "-") else tool}
         engine = for_parsers(get_engine(release), override["reasoning_parser"], override["tool_call_parser"])
-        engine._check_names(override["reasoning_parser"], override["tool_call_parser"])
+        engine.check_names(override["reasoning_parser"], override["tool_call_parser"])
         engine.parser_override = override
         return engine
     key = _NEWEST.get(spec, spec)

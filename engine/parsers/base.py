@@ -109,7 +109,7 @@ class EngineEmulation(ABC):
         family = self.tool_parsers.get(tool_parser or "") or self.reasoning_parsers[reasoning_parser or ""]
         return self.families[family](reasoning_parser, tool_parser)
 
-    def _check_names(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
+    def check_names(self, reasoning_parser: str | None, tool_parser: str | None) -> None:
         if reasoning_parser is not None and reasoning_parser not in self.reasoning_parsers:
             raise ValueError(
                 f"{self.spec}: unknown reasoning parser {reasoning_parser!r}; known: "
@@ -125,7 +125,7 @@ class EngineEmulation(ABC):
         parser (the golden corpus checks the emulations only so; a model served without --reasoning-parser, such as
         Qwen3-Coder, runs the release's real code instead: engine.parsers.for_parsers)."""
         try:
-            self._check_names(reasoning_parser, tool_parser)
+            self.check_names(reasoning_parser, tool_parser)
         except ValueError:
             return False
         return reasoning_parser is not None or tool_parser is None
@@ -145,7 +145,7 @@ class EngineEmulation(ABC):
     ) -> ParseResult:
         """`tokenizer`: the model's real tokenizer, which the real-engine backend hands to the release's parsers (the
         emulations know their tokens and ignore it)."""
-        self._check_names(reasoning_parser, tool_parser)
+        self.check_names(reasoning_parser, tool_parser)
         log = EditLog(self.origin)
         if reasoning_parser is None and tool_parser is None:
             return self.serve(ParseResult(reasoning=None, content=text), tools=list(tools or []), stream=stream)
@@ -173,9 +173,10 @@ class EngineEmulation(ABC):
         """Rewrite the next request's messages the way this engine does before its template sees them."""
 
     def prepare_templated_request(self, messages: list[dict], tools: list[dict] | None, *, kwargs: dict,
-                                  chat_template: str) -> RequestPrep:
-        """The request side of a model rendered from a Jinja template (`chat_template`, with `kwargs`): the
-        emulations do not read either (prepare_request); the real backend runs the release's own code."""
+                                  chat_template: str, parsers: dict[str, str] | None = None) -> RequestPrep:
+        """The request side of a model rendered from a Jinja template (`chat_template`, with `kwargs`, served with
+        the parser pair `parsers`): the emulations read none of them (prepare_request); the real backend runs the
+        release's own code."""
         return self.prepare_request(messages, tools)
 
     @property

@@ -70,7 +70,7 @@ def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list
     source = getattr(model.renderer, "template_source", None)
     if not isinstance(source, str):
         raise ValueError(f"{engine} renders {model.id} with its own renderer, which no proof here drives yet")
-    prep = real.prepare_templated_request(sent, tools, kwargs=kwargs, chat_template=source)
+    prep = real.prepare_templated_request(sent, tools, kwargs=kwargs, chat_template=source, parsers=parsers)
     if prep.error:
         raise ValueError(prep.error)
     from engine.simulate import template_kwargs_of

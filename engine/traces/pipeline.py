@@ -58,7 +58,8 @@ def render_request(model: LoadedModel, served: Served, messages: list[dict], too
             model = served_model(model, served.emulation)
         except ServingUnavailable as err:
             raise ExplorerError(str(err)) from None
-        prep = engine_request(served.emulation, model, messages, tools, kwargs)
+        prep = engine_request(served.emulation, model, messages, tools, kwargs,
+                              model.spec.engine_parsers.get(served.emulation.name, {}))
         if prep.error:
             raise ExplorerError(f"{served.origin} rejects the request: {prep.error}")
         to_render, edits = prep.messages, prep.edits

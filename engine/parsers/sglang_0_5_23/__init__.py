@@ -55,7 +55,7 @@ class SglangEmulation(EngineEmulation):
               chat_template_kwargs: dict | None = None, history_tool_calls: int = 0,
               tokenizer: Any = None) -> ParseResult:
         if deepseek_recipe.owns(self.version, tool_parser):  # the release's own code (deepseek_recipe.py)
-            self._check_names(reasoning_parser, tool_parser)
+            self.check_names(reasoning_parser, tool_parser)
             return deepseek_recipe.parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
                                          stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
                                          history_tool_calls=history_tool_calls, tokenizer=tokenizer)

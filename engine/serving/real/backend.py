@@ -384,7 +384,7 @@ class RealEngine(EngineEmulation):
         `added_tokens`, all special) supplies the added tokens. `trace` (default: where it is cheap,
         `traces_cheaply`) runs the line tracer: the result's edits are then the release's executed lines that made each
         field."""
-        self._check_names(reasoning_parser, tool_parser)
+        self.check_names(reasoning_parser, tool_parser)
         if trace is None:
             trace = self.traces_cheaply
         if vocab is None and tokenizer is not None:
@@ -451,12 +451,15 @@ class RealEngine(EngineEmulation):
         return _pinned(self.name).prepare_request(messages, tools)
 
     def prepare_templated_request(self, messages: list[dict], tools: list[dict] | None, *, kwargs: dict,
-                                  chat_template: str) -> RequestPrep:
+                                  chat_template: str, parsers: dict[str, str] | None = None) -> RequestPrep:
         """The release's own request side for a Jinja-templated model: the conversation, tools and kwargs it
         would hand transformers' apply_chat_template. The pinned emulation's edits name what changed (blame undoes
         them one by one); a refusal by the release's code is the request's error."""
         job = {"renderer": "jinja", "messages": messages, "tools": tools or None,
-               "chat_template_kwargs": dict(kwargs), "chat_template": chat_template}
+               "chat_template_kwargs": dict(kwargs), "chat_template": chat_template,
+               # the server is started with its parser pair (SGLang 0.5.1 refuses a request without a tool parser)
+               "reasoning_parser": (parsers or {}).get("reasoning_parser"),
+               "tool_parser": (parsers or {}).get("tool_call_parser")}
         try:
             reply = self.render_request(job)
         except RenderError as err:
