@@ -43,6 +43,10 @@ def test_the_column_renders_what_the_engine_renders(model_id, column):
     need(COLUMNS[column])
     if model_id == "deepseek-v4" and column == "sglang@0.5.23":
         pytest.skip("SGLang 0.5.23 renders DeepSeek V4 through deepseek-recipe, which this column does not drive yet")
+    if model_id == "deepseek-v3.2" and column.startswith("sglang"):
+        pytest.skip("SGLang started with --tool-call-parser deepseekv32 renders through its own DeepSeek V3.2 encoder, "
+                    "which the renderer table (engine/serving/rendering.py) does not have yet: the column renders the "
+                    "Hub template")
     if model_id == "mistral-small-3.2" and column == "vllm":
         pytest.skip("every vLLM cell of Mistral Small 3.2 is an error: vLLM's mistral parser reads its token names "
                     "from mistral_common, which the sandbox stubs, so no boundary is rendered")
