@@ -15,6 +15,7 @@ caller first reads `message_index` or `source_line`, since most prompts are only
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sys
 import threading
@@ -22,7 +23,7 @@ import types
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -33,6 +34,7 @@ from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 from engine.errors import RenderError  # noqa: E402
 from engine.render.cache import request_key  # noqa: E402
 from engine.render.constructs import ConstructTable, Evaluation, InstrumentedTemplate  # noqa: E402
+from engine.render.incremental import IncrementalText  # noqa: E402
 from engine.types import Provenance, Rendered, RenderRequest  # noqa: E402
 
 T = TypeVar("T")
@@ -148,6 +150,9 @@ class JinjaRenderer:
         fast = reference.environment.overlay()
         _remember_sandbox_verdicts(fast)
         self._text_template = fast.from_string(source)
+        # The same template resuming its loops over the messages from an earlier render (engine.render.incremental).
+        self._incremental = IncrementalText(fast, source)
+        self._conversions = threading.local()  # _template_messages: the previous request's messages, per thread
         overlay = reference.environment.overlay()
         _remember_sandbox_verdicts(overlay)
         overlay.code_generator_class = _ProvenanceCodeGenerator
@@ -246,40 +251,72 @@ class JinjaRenderer:
         return chat, variables
 
     def cache_clear(self) -> None:
-        """Forget the converted messages (`_template_messages`) and the counterfactual renders, for a measurement that
-        starts cold."""
+        """Forget the converted messages (`_template_messages`), the incremental render's records and the
+        counterfactual renders, for a measurement that starts cold."""
         self._message_memo.clear()
+        self._conversion_generation += 1
+        self._incremental.clear()
         self._counterfactuals.clear()
         self._counterfactual_context = None
+
+    _conversion_generation = 0
+
+    def incremental_stats(self) -> dict[str, Any]:
+        """How the plain text renders went: through the incremental path (iterations executed, replayed) or in
+        full, and why a template is outside the incremental path's class (`refusal`)."""
+        return {"refusal": self._incremental.refusal, **self._incremental.stats()}
 
     def _template_messages(self, messages: list[dict]) -> list[dict]:
         """transformers' `_normalize_chat_messages`, `_plain_template_data` and `_alias_reasoning_fields` on the
         messages, each message converted once: the three act on each message alone, and a session of N requests
-        hands the same earlier messages over N times (a third to half of rendering a long history otherwise).
+        hands the same earlier messages over N times.
 
-        Keyed by the message's pickle (`request_key`: equal only for messages that render alike), each position
-        gets its own top-level copy (the recording render tells messages apart by identity); the sandbox is
-        immutable, so the nested values can be shared. Anything but a list of dicts takes transformers' path.
+        Each position gets its own top-level copy (the recording render tells messages apart by identity), and
+        keeps it from one request to the next (per thread) while the caller hands over the same message object at
+        that position, or one with the same pickle (`request_key`: equal only for messages that render alike):
+        so a request costs what is new in it, and the incremental render sees the same objects again. A message
+        object must therefore not be changed in place once rendered (the library builds a new one, as a session's
+        rewrites do). The sandbox is immutable, so the nested values can be shared. Anything but a list of dicts
+        takes transformers' path.
         """
         ctu = _transformers_pieces()
-        if not isinstance(messages, list) or not all(type(m) is dict for m in messages):
+        if not isinstance(messages, list):
             return ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
-        from engine.render.cache import request_key
-
+        local = self._conversions
+        if getattr(local, "generation", None) != self._conversion_generation:
+            local.generation, local.sent, local.chat, local.keys = self._conversion_generation, [], [], []
+        sent, chat, keys = local.sent, local.chat, local.keys  # this thread's own: changed in place
+        same = list(map(operator.is_, messages, sent))
+        del chat[len(messages):], keys[len(messages):]
         memo = self._message_memo
         if len(memo) > 16384:
             memo.clear()
-        chat = []
-        for message in messages:
+        position = _first_false(same, 0)
+        while position < len(messages):
+            message = messages[position]
+            if type(message) is not dict:
+                local.sent = []  # the lists are half updated: start afresh next time
+                return ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
             key = request_key([message], None, False, None)
-            converted = memo.get(key) if isinstance(key, bytes) else None
-            if converted is None:
-                converted = ctu._alias_reasoning_fields(ctu._plain_template_data(
-                    ctu._normalize_chat_messages([message])))[0]
-                if isinstance(key, bytes):
-                    memo[key] = converted
-            chat.append(dict(converted))
-        return chat
+            if position < len(keys) and isinstance(key, bytes) and keys[position] == key:
+                pass  # another object, the same message: keep this position's copy
+            else:
+                converted = memo.get(key) if isinstance(key, bytes) else None
+                if converted is None:
+                    converted = ctu._alias_reasoning_fields(ctu._plain_template_data(
+                        ctu._normalize_chat_messages([message])))[0]
+                    if isinstance(key, bytes):
+                        memo[key] = converted
+                if position < len(chat):
+                    chat[position], keys[position] = dict(converted), key
+                else:
+                    chat.append(dict(converted))
+                    keys.append(key)
+            position += 1
+            if position < len(same):
+                position = _first_false(same, position)
+        local.sent = list(messages)
+        return list(chat)
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:
@@ -288,7 +325,9 @@ class JinjaRenderer:
             # A subclass watching every output through `_record` (the sandbox's output-size limit) needs the
             # recording render itself, and reads the provenance right after anyway.
             return self._render_recorded(chat, variables)
-        text = self._guarded(lambda: self._text_template.render(messages=chat, **variables))
+        text = self._incremental.render(chat, variables)
+        if text is None:  # outside the incremental path's class, or it could not record this render: in full
+            text = self._guarded(lambda: self._text_template.render(messages=chat, **variables))
         # `chat` and `variables` are fresh plain copies (template_context), so the caller's later edits to its
         # messages cannot reach the recording render.
         return Rendered(text=text, source_path=self.source_path, origin=self.origin,
@@ -366,6 +405,13 @@ class JinjaRenderer:
             **(kwargs or {}),
         )
         return rendered[0]
+
+
+def _first_false(flags: list[bool], start: int) -> int:
+    try:
+        return flags.index(False, start)
+    except ValueError:
+        return len(flags)
 
 
 def _template_line_of(err: BaseException) -> int | None:
