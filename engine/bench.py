@@ -429,6 +429,8 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
     script = session_from_json(long_session_script(calls), f"engine.bench.long_session_script({calls})")
     model.renderer.cache_clear()  # and the renderer's own caches (a Jinja renderer's converted messages)
     tokenizer, renderer = model.tokenizer, getattr(model.renderer, "inner", model.renderer)
+    if hasattr(renderer, "incremental_stats"):
+        renderer.incremental_stats()  # compiles the incremental template, as loading compiled the template itself
     tokenizer.cache_clear()
     rss_loaded = peak_rss_mb("VmRSS")
     new_texts: list[str] = []
@@ -456,6 +458,9 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
     finally:
         del tokenizer.encode_extending, renderer.render
     peak_rss = peak_rss_mb()
+    # How the template renders went: resumed from the previous render's recorded loop iterations, or in full
+    # (engine.render.incremental); a renderer without that path (DeepSeek V4's encoder) reports nothing.
+    incremental = renderer.incremental_stats() if hasattr(renderer, "incremental_stats") else None
     rows, prompt_tokens = len(report.rows), report.total_prompt_tokens
     last_prompt = report.rows[-1].prompt_tokens
     del report
@@ -471,7 +476,7 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
         "ratio_to_render_and_floor": round(wall_s / (render_s[0] + floor_s), 2),
         "simulator_s": round(simulator_s, 4), "simulator_ratio_to_floor": round(simulator_s / floor_s, 2),
         "peak_rss_mb": round(peak_rss, 1), "rss_after_loading_mb": round(rss_loaded, 1),
-        "rss_with_report_mb": round(rss_session, 1),
+        "rss_with_report_mb": round(rss_session, 1), "incremental_render": incremental,
     }
 
 
@@ -777,6 +782,15 @@ def report_text(r: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def _incremental_text(stats: dict[str, Any] | None) -> str:
+    if not stats:
+        return ""
+    if stats.get("refusal"):
+        return f"; every render in full: {stats['refusal']}"
+    return (f"; loop iterations replayed {stats['iterations_replayed']}, executed {stats['iterations_executed']}, "
+            f"renders in full {stats['fell_back'] + stats['raised']} of {stats['renders'] + stats['raised']}")
+
+
 def long_session_text(section: dict[str, Any]) -> list[str]:
     lines = []
     for p in section.get("points", []):
@@ -789,7 +803,7 @@ def long_session_text(section: dict[str, Any]) -> list[str]:
                      f"{p['simulator_s']:.3f} s, {p['simulator_ratio_to_floor']:.2f} x the floor; peak RSS "
                      f"{p['peak_rss_mb']:.0f} "
                      f"MiB, {p['rss_after_loading_mb']:.0f} after loading, {p['rss_with_report_mb']:.0f} with the "
-                     "report)")
+                     f"report{_incremental_text(p.get('incremental_render'))})")
     for model_id, exponents in section.get("growth_exponent", {}).items():
         shown = ", ".join(f"{k} {v}" for k, v in exponents.items() if v is not None)
         lines.append(f"long session     {model_id} growth exponents: {shown}")

@@ -151,10 +151,16 @@ def test_bench_json_contract() -> None:
         assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "new_characters",
                               "new_tokens", "wall_s", "render_s", "floor_s", "ratio_to_floor",
                               "ratio_to_render_and_floor", "simulator_s", "simulator_ratio_to_floor", "peak_rss_mb",
-                              "rss_after_loading_mb", "rss_with_report_mb"}
+                              "rss_after_loading_mb", "rss_with_report_mb", "incremental_render"}
         assert point["new_tokens"] < point["prompt_tokens"]  # the floor tokenizes what is new, not every prompt
+        # Every render resumed the template's loops from the one before (engine.render.incremental).
+        incremental = point["incremental_render"]
+        assert incremental["refusal"] is None and incremental["fell_back"] == incremental["raised"] == 0
+        assert incremental["renders"] == 2 * point["requests"]  # each request's prompt, and sequence with the reply
         assert all(isinstance(point[k], float) and point[k] > 0 for k in ("wall_s", "floor_s", "simulator_s",
                                                                            "peak_rss_mb"))
+    assert sessions["points"][-1]["incremental_render"]["iterations_replayed"] > \
+        sessions["points"][-1]["incremental_render"]["iterations_executed"]
     assert set(sessions["growth_exponent"]["qwen3.5"]) == {"wall", "render", "wall_without_render", "simulator",
                                                            "session_rss"}
     assert isinstance(sessions["growth_exponent"]["qwen3.5"]["wall"], float)

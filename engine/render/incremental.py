@@ -644,6 +644,7 @@ class IncrementalText:
     def __init__(self, environment: jinja2.Environment, source: str) -> None:
         self.refusal: str | None = None
         self.loops: list[_LoopSpec] = []
+        self.skipped: list[str] = []  # the top-level loops over the messages that run whole, and why
         self._local = threading.local()
         self.generation = 0
         self.executed = self.replayed = self.renders = self.fallbacks = self.raised = 0
@@ -869,5 +870,6 @@ class IncrementalText:
         return template.environment.concat(state.out)
 
     def stats(self) -> dict[str, int]:
-        return {"renders": self.renders, "fell_back": self.fallbacks, "raised": self.raised,
-                "iterations_executed": self.executed, "iterations_replayed": self.replayed}
+        return {"loops_memoised": len(self.loops), "loops_in_full": list(self.skipped), "renders": self.renders,
+                "fell_back": self.fallbacks, "raised": self.raised, "iterations_executed": self.executed,
+                "iterations_replayed": self.replayed}

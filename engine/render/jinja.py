@@ -150,8 +150,8 @@ class JinjaRenderer:
         fast = reference.environment.overlay()
         _remember_sandbox_verdicts(fast)
         self._text_template = fast.from_string(source)
-        # The same template resuming its loops over the messages from an earlier render (engine.render.incremental).
-        self._incremental = IncrementalText(fast, source)
+        self._incremental_built: IncrementalText | None = None  # built on the first plain render (50-200 ms)
+        self._incremental_lock = threading.Lock()
         self._conversions = threading.local()  # _template_messages: the previous request's messages, per thread
         overlay = reference.environment.overlay()
         _remember_sandbox_verdicts(overlay)
@@ -163,6 +163,16 @@ class JinjaRenderer:
         self._instrumented_template: InstrumentedTemplate | None = None
         self._counterfactual_context: tuple | None = None
         self._counterfactuals: OrderedDict = OrderedDict()
+
+    @property
+    def _incremental(self) -> IncrementalText:
+        """The same template resuming its loops over the messages from an earlier render
+        (engine.render.incremental)."""
+        if self._incremental_built is None:
+            with self._incremental_lock:
+                if self._incremental_built is None:
+                    self._incremental_built = IncrementalText(self._text_template.environment, self._source)
+        return self._incremental_built
 
     def source_lines(self) -> list[str]:
         return self._source.splitlines()
@@ -255,7 +265,8 @@ class JinjaRenderer:
         counterfactual renders, for a measurement that starts cold."""
         self._message_memo.clear()
         self._conversion_generation += 1
-        self._incremental.clear()
+        if self._incremental_built is not None:
+            self._incremental_built.clear()
         self._counterfactuals.clear()
         self._counterfactual_context = None
 
@@ -286,7 +297,9 @@ class JinjaRenderer:
         if getattr(local, "generation", None) != self._conversion_generation:
             local.generation, local.sent, local.chat, local.keys = self._conversion_generation, [], [], []
         sent, chat, keys = local.sent, local.chat, local.keys  # this thread's own: changed in place
-        same = list(map(operator.is_, messages, sent))
+        # Which positions hold the objects of the previous call (usually all of them, checked at C speed).
+        same = [True] * min(len(messages), len(sent)) if all(map(operator.is_, messages, sent)) else \
+            list(map(operator.is_, messages, sent))
         del chat[len(messages):], keys[len(messages):]
         memo = self._message_memo
         if len(memo) > 16384:
