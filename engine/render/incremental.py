@@ -44,6 +44,8 @@ from jinja2 import nodes
 from jinja2.parser import Parser
 from jinja2.runtime import LoopContext, Macro, Namespace, missing
 
+from engine.render.cache import request_key
+
 # Loop attributes a memoised body may read; how each depends on the position (below).
 _LOOP_ATTRIBUTES = frozenset({"index0", "index", "revindex0", "revindex", "first", "last", "length", "previtem",
                               "nextitem", "depth", "depth0"})
@@ -75,7 +77,7 @@ def same_value(a: Any, b: Any) -> bool:
     kind = type(a)
     if kind is not type(b):
         return False
-    if kind is str or kind is int or kind is bool:
+    if kind is str or kind is int or kind is bool or kind is bytes:
         return a == b
     if kind is float:
         return a.hex() == b.hex()
@@ -86,6 +88,13 @@ def same_value(a: Any, b: Any) -> bool:
     if kind is Macro:
         return a._func.__code__ is b._func.__code__
     return False
+
+
+def _strict_key(value: list | tuple | dict) -> bytes | list | tuple | dict:
+    """Plain data as its pickle (equal only for data a template cannot tell apart: types, key order, -0.0 kept;
+    `engine.render.cache.request_key`), compared at C speed; what pickle refuses stays itself (`same_value`)."""
+    key = request_key(value, None, False, None)
+    return key if isinstance(key, bytes) else value
 
 
 def identity_prefix(a: list, b: list) -> int:
@@ -294,7 +303,9 @@ class _LoopRun:
             value = local["l_0_" + name] if ("l_0_" + name) in local else context.resolve_or_missing(name)
             if type(value) is Macro and value.name not in spec.macros:
                 state.refuse(f"the loop can call macro {value.name!r} through the variable {name!r}")
-            if type(value) is RecordingNamespace:
+            if type(value) in (list, tuple, dict):
+                value = ("data", _strict_key(value))
+            elif type(value) is RecordingNamespace:
                 slot = self.slots.setdefault(id(value), name)
                 if slot == name:
                     self.namespaces[name] = value
@@ -325,7 +336,7 @@ class _LoopRun:
         while True:
             k = self.k
             if k >= self.n:
-                state.finished.append((self.spec.index, self._finished_run()))
+                state.finished.append(self)  # its records are assembled if the render succeeds
                 raise StopIteration
             c = k if self.forward else self.n - 1 - k
             if self.old is not None and c < self.limit:
@@ -439,54 +450,67 @@ class _LoopRun:
         self.segments.append((lo, hi))
         state.replayed += m
 
-    def _finished_run(self) -> _Run:
-        """This render's records, the replayed ones taken from the old run, in position order."""
+    def finished_run(self) -> _Run:
+        """This render's records in position order, the replayed ones taken from the old run. The old run is being
+        replaced (the same outer values): when this render starts with a replay of its first positions, its lists
+        are cut after them and extended, in place, so that a request costs what it added."""
         run, old = self.new, self.old or _NO_RUN
         segments = self.segments if self.forward else self.segments[::-1]
-        for kind in _KINDS:
-            run.kinds[kind] = out = []
-            positions = old.kinds.get(kind, [])
-            for segment in segments:
+        prefix = segments[0][1] if segments and type(segments[0]) is tuple and segments[0][0] == 0 else None
+
+        def merge(positions: list, parallel: list | None, entries) -> tuple[list, list | None]:
+            """The old run's sorted `positions` (and the `parallel` values beside them) within the replayed ranges,
+            with `entries(record)`, (position, value) pairs, of each executed record, in position order."""
+            out_p: list = []
+            out_v: list | None = [] if parallel is not None else None
+            start = 0
+            if prefix is not None:
+                b = bisect.bisect_left(positions, prefix)
+                start = 1
+            for segment in segments[start:]:
                 if type(segment) is tuple:
-                    a, b = _between(positions, *segment)
-                    out.extend(positions[a:b])
-                elif kind in segment.kinds or (kind == "whole_messages" and segment.whole_messages):
-                    out.append(segment.position)
+                    a, b2 = _between(positions, *segment)
+                    out_p.extend(positions[a:b2])
+                    if out_v is not None:
+                        out_v.extend(parallel[a:b2])
+                else:
+                    for position, value in entries(segment):
+                        out_p.append(position)
+                        if out_v is not None:
+                            out_v.append(value)
+            if prefix is not None:  # the old lists, cut after the replayed prefix and extended
+                del positions[b:]
+                positions.extend(out_p)
+                if parallel is not None:
+                    del parallel[b:]
+                    parallel.extend(out_v)
+                return positions, parallel
+            return out_p, out_v
+
+        for kind in _KINDS:
+            def kind_entries(record, kind=kind):
+                hit = kind in record.kinds or (kind == "whole_messages" and record.whole_messages)
+                return [(record.position, None)] if hit else []
+            run.kinds[kind] = merge(old.kinds.get(kind, []), None, kind_entries)[0]
         keys = set(old.reads) | set(old.writes)
         for segment in segments:
             if type(segment) is _Record:
                 keys.update(segment.reads)
                 keys.update(segment.writes)
         for key in keys:
-            read_positions, written = old.reads.get(key, []), old.writes.get(key, ([], []))
-            reads: list[int] = []
-            positions: list[int] = []
-            values: list = []
-            for segment in segments:
-                if type(segment) is tuple:
-                    a, b = _between(read_positions, *segment)
-                    reads.extend(read_positions[a:b])
-                    a, b = _between(written[0], *segment)
-                    positions.extend(written[0][a:b])
-                    values.extend(written[1][a:b])
-                else:
-                    if key in segment.reads:
-                        reads.append(segment.position)
-                    if key in segment.writes:
-                        positions.append(segment.position)
-                        values.append(segment.values[key])
+            reads = merge(old.reads.get(key, []), None,
+                          lambda record, key=key: [(record.position, None)] if key in record.reads else [])[0]
+            written = old.writes.get(key, ([], []))
+            positions, values = merge(written[0], written[1],
+                                      lambda record, key=key: [(record.position, record.values[key])]
+                                      if key in record.writes else [])
             if reads:
                 run.reads[key] = reads
             if positions:
                 run.writes[key] = (positions, values)
-        for segment in segments:
-            if type(segment) is tuple:
-                a, b = _between(old.message_positions, *segment)
-                run.message_positions.extend(old.message_positions[a:b])
-                run.message_highest.extend(old.message_highest[a:b])
-            elif segment.message_max >= 0:
-                run.message_positions.append(segment.position)
-                run.message_highest.append(segment.message_max)
+        run.message_positions, run.message_highest = merge(
+            old.message_positions, old.message_highest,
+            lambda record: [(record.position, record.message_max)] if record.message_max >= 0 else [])
         return run
 
 
@@ -862,9 +886,10 @@ class IncrementalText:
             self.fallbacks += 1
             return None
         memo = self._memo()
-        for index, run in state.finished:
-            kept = [r for r in memo.get(index, ()) if not all(map(same_value, r.outer, run.outer))]
-            memo[index] = [run, *kept][:4]
+        for loop in state.finished:
+            index = loop.spec.index
+            kept = [r for r in memo.get(index, ()) if r is not loop.old]
+            memo[index] = [loop.finished_run(), *kept][:4]
         self.executed += state.executed
         self.replayed += state.replayed
         return template.environment.concat(state.out)
