@@ -9,7 +9,9 @@ strings are identical.
 The text comes first, from the same source compiled in a second overlay whose sandbox remembers its verdicts
 (`_remember_sandbox_verdicts`: same answers, asked once per type and name); the recording render runs only when a
 caller first reads `message_index` or `source_line`, since most prompts are only compared as text
-(`engine.types.Rendered`). It checks that it produced the same text.
+(`engine.types.Rendered`). It checks that it produced the same text. The plain text render itself resumes the
+template's loops over the messages from an earlier render where that is proven equal (`engine.render.incremental`),
+and is the full render of that overlay otherwise.
 """
 
 from __future__ import annotations
