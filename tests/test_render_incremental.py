@@ -231,6 +231,10 @@ ADVERSARIAL = {
     "tool flag": "{% for m in messages %}{% if tools %}T{% endif %}{{ m.content }}{% endfor %}",
     "stateful outer object": "{% set sep = joiner('/') %}{% for m in messages %}{{ sep() }}{{ m.content }}"
                              "{% endfor %}",
+    "macro through a variable": "{% macro shout(m) %}{{ m.content|upper }}{{ messages|join }}{% endmacro %}"
+                                "{% set say = shout %}{% for m in messages %}{{ say(m) }}{% endfor %}",
+    "macro in a namespace": "{% macro shout(m) %}{{ m.content|upper }}{% endmacro %}{% set ns = namespace(f=none) %}"
+                            "{% set ns.f = shout %}{% for m in messages %}{{ ns.f(m) }}{% endfor %}",
     "printed namespace": "{% set ns = namespace(a=1) %}{% for m in messages %}{{ ns }}{{ m.content }}{% endfor %}",
     "new attribute": "{% set ns = namespace() %}{% for m in messages %}{% if ns.x is defined %}x{% endif %}"
                      "{% if m.role == 'assistant' %}{% set ns.x = 1 %}{% endif %}{{ m.content }}{% endfor %}",
@@ -268,7 +272,7 @@ def test_templates_written_against_the_shortcut_render_as_the_full_render(name: 
     stats = renderer.incremental_stats()
     if name in ADVERSARIAL_REFUSED:
         assert stats["refusal"] and stats["renders"] == 0
-    elif name == "printed namespace":
+    elif name in ("printed namespace", "macro through a variable", "macro in a namespace"):
         assert stats["refusal"] is None and stats["fell_back"] == stats["renders"] > 0
     elif name == "stateful outer object":  # a new joiner at every render: never the same outer value
         assert stats["refusal"] is None and stats["iterations_replayed"] == 0 < stats["iterations_executed"]

@@ -6,8 +6,8 @@ module runs the real template (the same nodes, compiled by the same sandboxed en
 iterations, replaying what they produced. It is sound by construction, with a fallback:
 
 * Which loops. A top-level `{% for x in seq %}` (a direct child of the template, so its output goes straight to
-  the render's stream) with a plain target, no `else`, no `if` filter, not recursive, whose body (with every macro
-  of the template, since the body may call them) passes a static check: `loop` is read only as `loop.<attr>` for
+  the render's stream) with a plain target, no `else`, no `if` filter, not recursive, whose body (with the macros
+  it names, transitively: those it can call) passes a static check: `loop` is read only as `loop.<attr>` for
   the attributes below, `messages` only as `messages[i]` or `messages|length` and is never assigned, no
   break/continue at the loop's own level, no call block, `do`, include, import or block, and none of the names
   whose value is stateful or impure (`cycler`, `joiner`, `lipsum`, `strftime_now`, `self`, `super`, `caller`, the
@@ -18,8 +18,10 @@ iterations, replaying what they produced. It is sound by construction, with a fa
   reads; the values of the outer names its body and the macros can reference (compared once per render, strictly:
   type and value); `messages[i]` and `messages|length` (a recording list); and the attributes of the namespaces
   that exist before the loop, the only mutable state an ImmutableSandboxedEnvironment allows (a recording
-  subclass of Jinja's Namespace; a read of any other pre-existing namespace, or printing one, refuses the render).
-  Each iteration is recorded with what it read and wrote.
+  subclass of Jinja's Namespace; a read of any other pre-existing namespace, printing one, or a macro reached
+  through a variable refuses the render). Each iteration is recorded with what it read and wrote. Qwen's reverse
+  scan reads `loop.index0` and `messages|length` only as `(messages|length - 1) - loop.index0`, the item's own
+  index in `messages`: recognised in the AST, such reads count as the position they are.
 * What is reused. Records are kept by the item's position in the iterable (from the end for `seq[::-1]`, so that
   appending messages keeps positions). A run of iterations is replayed in one step when its items are the same
   objects, no record in it read a loop attribute or `messages` that the new length or the first changed item
@@ -50,7 +52,7 @@ from engine.render.cache import request_key
 _LOOP_ATTRIBUTES = frozenset({"index0", "index", "revindex0", "revindex", "first", "last", "length", "previtem",
                               "nextitem", "depth", "depth0"})
 _IMPURE_NAMES = frozenset({"cycler", "joiner", "lipsum", "strftime_now", "self", "super", "caller", "varargs",
-                           "kwargs", "loop_context"})
+                           "kwargs"})
 _IMPURE_FILTERS = frozenset({"random"})
 _REFUSED_NODES = (nodes.CallBlock, nodes.ExprStmt, nodes.Scope, nodes.ScopedEvalContextModifier,
                   nodes.EvalContextModifier, nodes.Extends, nodes.Block, nodes.Include, nodes.Import,
@@ -246,7 +248,7 @@ class _RenderState:
         self.record: _Record | None = None
         self.loop: _LoopRun | None = None
         self.refused: str | None = None
-        self.finished: list[tuple[int, _Run]] = []
+        self.finished: list[_LoopRun] = []  # the memoised loops that ran to their end
         self.executed = self.replayed = 0
         self.prefixes: dict[int, tuple[list, int]] = {}
 
@@ -301,17 +303,16 @@ class _LoopRun:
         self.outer = outer = []
         for name in spec.outer_names:
             value = local["l_0_" + name] if ("l_0_" + name) in local else context.resolve_or_missing(name)
-            if type(value) is Macro and value.name not in spec.macros:
-                state.refuse(f"the loop can call macro {value.name!r} through the variable {name!r}")
-            if type(value) in (list, tuple, dict):
-                value = ("data", _strict_key(value))
-            elif type(value) is RecordingNamespace:
+            if type(value) is RecordingNamespace:
                 slot = self.slots.setdefault(id(value), name)
                 if slot == name:
                     self.namespaces[name] = value
                     for attribute, attribute_value in _attrs(value).items():
                         entry[(name, attribute)] = attribute_value
+                        self._check_reachable(attribute_value, f"{name}.{attribute}")
                 value = ("namespace", slot)
+            else:
+                value = self._check_reachable(value, name)
             outer.append(value)
         self.serial = len(state.created)
         slots = frozenset(self.namespaces)
@@ -326,6 +327,18 @@ class _LoopRun:
             self.limit = min(same, len(old.items), n)
         self.k = 0  # the next iteration
         self.current: _Record | None = None
+
+    def _check_reachable(self, value: Any, name: str) -> Any:
+        """`value` as compared between renders (plain data by its pickle). A macro the static check did not see
+        (reached through a variable, or held in data) refuses the render: its body was not checked."""
+        if type(value) is Macro and value.name not in self.spec.macros:
+            self.state.refuse(f"the loop can call macro {value.name!r} through {name!r}")
+        elif type(value) in (list, tuple, dict):
+            key = _strict_key(value)
+            if not isinstance(key, bytes):
+                self.state.refuse(f"{name!r} holds more than plain data")
+            return ("data", key)
+        return value
 
     # -- the iteration protocol the generated loop drives -----------------------------------------------------
 

@@ -299,6 +299,7 @@ class JinjaRenderer:
         if getattr(local, "generation", None) != self._conversion_generation:
             local.generation, local.sent, local.chat, local.keys = self._conversion_generation, [], [], []
         sent, chat, keys = local.sent, local.chat, local.keys  # this thread's own: changed in place
+        local.sent = []  # until this call is through (a conversion may raise): then only keys match positions
         # Which positions hold the objects of the previous call (usually all of them, checked at C speed).
         same = [True] * min(len(messages), len(sent)) if all(map(operator.is_, messages, sent)) else \
             list(map(operator.is_, messages, sent))
@@ -310,7 +311,6 @@ class JinjaRenderer:
         while position < len(messages):
             message = messages[position]
             if type(message) is not dict:
-                local.sent = []  # the lists are half updated: start afresh next time
                 return ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
             key = request_key([message], None, False, None)
             if position < len(keys) and isinstance(key, bytes) and keys[position] == key:
