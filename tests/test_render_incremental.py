@@ -309,37 +309,42 @@ def test_threads_keep_their_own_records() -> None:
     load_model("qwen3.6").renderer.cache_clear()
 
 
-@pytest.mark.parametrize("model_id", ["qwen3.6", "glm-5.1", "deepseek-v3.2", "kimi-k2.6"])
-def test_a_random_walk_of_histories_renders_as_the_full_render(model_id: str) -> None:
-    """Appends, truncations, edits of earlier messages, equal copies and reorderings, tools and the generation prompt
-    switched, in a seeded random order: every render equals the full one."""
+def random_histories(seed: int, history: list[dict], pool: list[dict], steps: int) -> Iterator[list[dict]]:
+    """A seeded random walk: messages appended, the history cut, an earlier message edited (a new object), the whole
+    history copied, two messages after the first swapped."""
     import random
 
-    rng = random.Random(19)
+    rng = random.Random(seed)
+    for _ in range(steps):
+        move = rng.random()
+        if move < 0.55:
+            history = history + [rng.choice(pool)]
+        elif move < 0.65 and len(history) > 2:
+            history = history[:rng.randrange(1, len(history))]
+        elif move < 0.8 and len(history) > 1:
+            k = rng.randrange(len(history))
+            history = history[:k] + [{**history[k], "content": f"{history[k].get('content') or ''} edit {k % 3}"}] + \
+                history[k + 1:]
+        elif move < 0.9:
+            history = copy.deepcopy(history)
+        elif len(history) > 3:
+            k = rng.randrange(1, len(history) - 1)
+            history = history[:k] + [history[k + 1], history[k]] + history[k + 2:]
+        yield history
+
+
+@pytest.mark.parametrize("model_id", ["qwen3.6", "glm-5.1", "deepseek-v3.2", "kimi-k2.6"])
+def test_a_random_walk_of_histories_renders_as_the_full_render(model_id: str) -> None:
+    """Appends, truncations, edits of earlier messages, equal copies and reorderings, with tools and the generation
+    prompt switched at random: every render equals the full one."""
     pool = [m for m in [*(m for messages, _ in CONVERSATIONS.values() for m in messages), *_conversation()]
             if m["role"] != "system"]
     renderer = inner(model_id)
+    start = [{"role": "system", "content": "sys"}, {"role": "user", "content": "start"}]
     with compared([model_id]) as wrappers:
-        history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "start"}]
-        for _ in range(400):
-            move = rng.random()
-            if move < 0.55:
-                history = history + [rng.choice(pool)]
-            elif move < 0.65 and len(history) > 2:
-                history = history[:rng.randrange(1, len(history))]
-            elif move < 0.8 and len(history) > 1:
-                k = rng.randrange(len(history))
-                edited = dict(history[k])
-                edited["content"] = f"{edited.get('content') or ''} edit {rng.randrange(3)}"
-                history = history[:k] + [edited] + history[k + 1:]
-            elif move < 0.9:
-                history = copy.deepcopy(history)
-            elif len(history) > 3:
-                k = rng.randrange(1, len(history) - 1)
-                history = history[:k] + [history[k + 1], history[k]] + history[k + 2:]
+        for k, history in enumerate(random_histories(19, start, pool, 400)):
             with contextlib.suppress(RenderError):  # refused in full too (Compared)
-                renderer.render(history, TOOLS if rng.random() < 0.7 else None,
-                                add_generation_prompt=rng.random() < 0.6)
+                renderer.render(history, TOOLS if k % 3 else None, add_generation_prompt=k % 5 < 3)
         stats = renderer.incremental_stats()
     assert wrappers[model_id].mismatches == [] and wrappers[model_id].renders == 400
     assert wrappers[model_id].compared > 150  # the rest the template refuses (a system message not first, ...)
@@ -348,23 +353,9 @@ def test_a_random_walk_of_histories_renders_as_the_full_render(model_id: str) ->
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_a_random_walk_through_templates_written_against_the_shortcut(name: str) -> None:
-    import random
-
-    rng = random.Random(len(name))
-    pool = _conversation()
     renderer = JinjaRenderer(ADVERSARIAL[name], model="adversarial", source_path=f"{name}.jinja")
     wrapper = Compared(renderer)
-    history = pool[:2]
-    for _ in range(300):
-        move = rng.random()
-        if move < 0.6:
-            history = history + [rng.choice(pool)]
-        elif move < 0.75 and len(history) > 2:
-            history = history[:rng.randrange(1, len(history))]
-        elif move < 0.9 and len(history) > 1:
-            k = rng.randrange(len(history))
-            history = history[:k] + [{**history[k], "content": f"{history[k].get('content')}!"}] + history[k + 1:]
-        else:
-            history = list(reversed(history))
-        wrapper(history, TOOLS if rng.random() < 0.5 else None, add_generation_prompt=False)
+    pool = _conversation()
+    for k, history in enumerate(random_histories(len(name), pool[:2], pool, 300)):
+        wrapper(history, TOOLS if k % 2 else None, add_generation_prompt=False)
     assert wrapper.mismatches == [] and wrapper.compared == 300
