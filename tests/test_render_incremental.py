@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import pytest
 from conversations import CONVERSATIONS, TOOLS
 
-from engine.bench import long_session_script
+from engine.bench import clear_run_caches, long_session_script
 from engine.errors import ExplorerError, RenderError
 from engine.matrix import default_request, run_matrix
 from engine.models import load_model, model_ids
@@ -82,8 +82,8 @@ class Compared:
 @contextmanager
 def compared(model_ids_: list[str]) -> Iterator[dict[str, Compared]]:
     wrappers = {}
+    clear_run_caches(tuple(model_ids_))  # the matrix's cells too: an earlier test may have run them
     for model_id in model_ids_:
-        load_model(model_id).renderer.cache_clear()
         renderer = inner(model_id)
         wrappers[model_id] = renderer.render = Compared(renderer)  # instance attribute, removed below
     try:
@@ -91,7 +91,7 @@ def compared(model_ids_: list[str]) -> Iterator[dict[str, Compared]]:
     finally:
         for model_id in model_ids_:
             del inner(model_id).render
-            load_model(model_id).renderer.cache_clear()
+        clear_run_caches(tuple(model_ids_))
 
 
 def render_requests(model_id: str, script, rewrites=()) -> None:

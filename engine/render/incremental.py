@@ -38,6 +38,7 @@ import operator
 import sys
 import threading
 import types
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -695,7 +696,8 @@ class IncrementalText:
 
     def _build(self, environment: jinja2.Environment, source: str) -> None:
         env = environment.overlay()
-        env.globals = {**environment.globals, "namespace": RecordingNamespace}
+        # The same globals (a later change to them shows through), but for the recording namespace.
+        env.globals = ChainMap({"namespace": RecordingNamespace}, environment.globals)  # type: ignore[assignment]
         base_getattr = environment.getattr
 
         def getattr_(self_, obj, attribute):
@@ -874,7 +876,9 @@ class IncrementalText:
         return local.memo
 
     def clear(self) -> None:
+        """Forget every thread's records (each notices the new generation) and the counts."""
         self.generation += 1
+        self.executed = self.replayed = self.renders = self.fallbacks = self.raised = 0
 
     def render(self, chat: list[dict], variables: dict) -> str | None:
         """The template's text for these messages and variables, or None: render it in full."""
