@@ -170,7 +170,8 @@ ROWS = [
     ('deepseek-v3.1', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38'),
     # Part 2 (docs/FINDINGS.md): MiniMax through vLLM loses `</think>` on a call turn, SGLang's append-think keeps it;
     # DeepSeek V3.2 with thinking off breaks in its template; Llama re-serialises and refuses parallel calls; Mistral's
-    # template inserts [CALL_ID] and refuses SGLang's ids (vLLM's mistral parser needs the stubbed mistral_common).
+    # template inserts [CALL_ID] and refuses SGLang's ids; vLLM's mistral parser (run against the mistral_common
+    # 0.33.0 requires) makes 9-alphanumeric ids, which it takes, so vLLM breaks where SGLang errors.
     ('minimax-m2.7', 'tool-call', 'raw', 'holds', None),
     ('minimax-m2.7', 'tool-call', 'vllm@0.33.0', 'breaks', 'parser reasoning-dropped vllm/reasoning/minimax_m2_reasoning_parser.py:61'),
     ('minimax-m2.7', 'tool-call', 'sglang@0.5.23', 'holds', None),
@@ -204,9 +205,15 @@ ROWS = [
     ('llama-3.1', 'tool-call', 'sglang@0.5.23', 'holds', None),
     ('llama-3.1', 'tool-call', 'sglang@0.5.12', 'holds', None),
     ('mistral-small-3.2', 'tool-call', 'raw', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
+    ('mistral-small-3.2', 'tool-call', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
     ('mistral-small-3.2', 'tool-call', 'sglang@0.5.23', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
     ('mistral-small-3.2', 'tool-call', 'sglang@0.5.12', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'tool-call-id', 'raw', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'tool-call-id', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
+    ('mistral-small-3.2', 'tool-call-truncated', 'vllm@0.33.0', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'no-tools-next-user', 'vllm@0.33.0', 'holds', None),
     ('mistral-small-3.2', 'content-truncated', 'raw', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
+    ('mistral-small-3.2', 'content-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
     ('mistral-small-3.2', 'content-truncated', 'sglang@0.5.23', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
     ('mistral-small-3.2', 'content-truncated', 'sglang@0.5.12', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
 ]

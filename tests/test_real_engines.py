@@ -227,3 +227,26 @@ def test_a_mistral_common_that_cannot_be_had_stays_stubbed_and_the_error_says_so
         "locate the tool call token in the tokenizer! at vllm/parser/parser_manager.py:92 (mistral_common is stubbed "
         "in this worker: no mistral_common release on PyPI matches vllm@0.33.0's requirement "
         "mistral_common[image]>=1.11.6)")
+
+
+def test_vllm_reads_mistral_v11_calls_with_the_hub_tokenizer_from_0_20_0(capsys):
+    need("vllm@0.19.1", "vllm@0.20.0")
+    from engine.cli import main
+    from engine.serving.real.backend import AddedVocab, RealEngine
+
+    vocab = AddedVocab(MISTRAL_VOCAB, frozenset(MISTRAL_VOCAB))
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    old, new = (RealEngine("vllm", v).parse(text, reasoning_parser=None, tool_parser="mistral", tools=TOOLS,
+                                            vocab=vocab) for v in ("0.19.1", "0.20.0"))
+    # 0.19.1 parses v11 calls only through its MistralTokenizer (mistral_tool_parser.py:69-70): the call is text
+    assert (old.content, old.tool_calls, old.error) == (text, (), None)
+    # 0.20.0 takes [ARGS] in a Hugging Face vocabulary for v11 (mistral_tool_parser.py:93-99)
+    assert new.content is None and [(c.name, c.arguments) for c in new.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
+    assert main(["timeline", "--model", "mistral-small-3.2", "--scenario", "tool-call", "--engine", "vllm",
+                 "--from", "0.19.1", "--to", "0.20.0", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["releases"]
+    assert [(r["release"], r["status"], r["changed"]) for r in rows] == [("vllm@0.19.1", "error", False),
+                                                                         ("vllm@0.20.0", "breaks", True)]
+    # the call lost as text, the next request's tool result has no 9-character id to answer (template line 118)
+    assert rows[0]["note"].endswith("raised at line 118: Tool call IDs should be alphanumeric strings with length 9!")
