@@ -198,7 +198,8 @@ class Worker:
         self.touches.names.clear()
         # Seeded by the job's model text: a release that draws from `random` (vLLM's mistral parser makes its
         # 9-character call ids with random.choices) gives the same ids for the same text, so a cell is reproducible.
-        random.seed(job.get("text") or json.dumps(job.get("messages"), sort_keys=True))
+        # As ASCII JSON: model text may hold lone surrogates (invalid UTF-8 bytes), which random.seed cannot encode.
+        random.seed(json.dumps([job.get("text"), job.get("messages")], sort_keys=True))
         tracer = None
         if job.get("trace"):
             from engine.serving.real.tracer import Tracer
