@@ -28,6 +28,9 @@ COLUMNS = {"vllm": "vllm@0.33.0", "sglang@0.5.23": "sglang@0.5.23", "sglang@0.5.
     ("sglang", "0.5.23", "deepseek_v4", "hub"),
     ("sglang", "0.5.23", "gpt_oss", None),
     ("vllm", "0.33.0", "", None),
+    ("vllm", "0.19.1", "mistral3", "unavailable"),
+    ("vllm", "0.20.0", "mistral3", None),
+    ("sglang", "0.5.1", "mistral3", None),
 ])
 def test_the_table_names_the_renderer_each_release_uses(engine, version, model_type, renderer):
     rule = serving_rule(engine, version, model_type)
