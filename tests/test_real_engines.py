@@ -239,7 +239,7 @@ def test_vllm_reads_mistral_v11_calls_with_the_hub_tokenizer_from_0_20_0(capsys)
     old, new = (RealEngine("vllm", v).parse(text, reasoning_parser=None, tool_parser="mistral", tools=TOOLS,
                                             vocab=vocab) for v in ("0.19.1", "0.20.0"))
     # 0.19.1 parses v11 calls only through its MistralTokenizer (mistral_tool_parser.py:69-70): the call is text, so
-    # its cells are unavailable rather than the Hub-tokenizer server's (which nobody runs) errors
+    # its cells are unavailable (the missing piece named) rather than the Hub-tokenizer server's template errors
     assert (old.content, old.tool_calls, old.error) == (text, (), None)
     # 0.20.0 takes [ARGS] in a Hugging Face vocabulary for v11 (mistral_tool_parser.py:93-99)
     assert new.content is None and [(c.name, c.arguments) for c in new.tool_calls] == [
