@@ -18,5 +18,8 @@ navigation = st.navigation([
     # /matrix (the name the page goes by) opens the matrix too, with its query parameters, instead of Streamlit's
     # "Page not found" dialog: the default page is only reachable at "/".
     st.Page(MATRIX, title="Drift matrix", url_path="matrix", visibility="hidden"),
+    # Each page also under its file's name, the name Streamlit's legacy pages/ mode gives it: a session that mode
+    # started on a page reruns through this navigation onto the same page (pages.common.through_the_app).
+    st.Page("pages/custom_templates.py", title="Custom templates", url_path="custom_templates", visibility="hidden"),
 ])
 navigation.run()

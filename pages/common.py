@@ -55,10 +55,13 @@ def through_the_app() -> None:
     """Rerun through app.py's navigation when Streamlit ran this page file directly: a fresh server whose first request
     is a page URL (a shared /matrix?... link) starts in Streamlit's legacy pages/ mode, which skips app.py (its layout,
     page names, the hidden /matrix page) for every session until one opens "/". Streamlit 1.67 keeps that mode in
-    `PagesManager.uses_pages_directory`, which st.navigation clears; the rerun keeps the URL and its parameters."""
+    `PagesManager.uses_pages_directory`, which st.navigation clears; the rerun keeps the URL and its parameters (app.py
+    names each page by its file too). Once a session: a rerun drops a button's press, and AppTest sets the mode again
+    before each of its runs."""
     from streamlit.runtime.pages_manager import PagesManager
 
-    if PagesManager.uses_pages_directory:
+    if PagesManager.uses_pages_directory and not st.session_state.get("through_the_app"):
+        st.session_state.through_the_app = True
         PagesManager.uses_pages_directory = False
         st.rerun()
 

@@ -23,11 +23,17 @@ def require_shared(what: str) -> Path:
 
 
 def require_release(*specs: str) -> None:
-    """Engine releases whose own code a test runs (engine/serving/real): skip, outside CI, when one is neither in the
-    engine cache nor fetchable from PyPI."""
+    """Engine releases whose own code a test runs (engine/serving/real): skip, outside CI, when one (or a dependency
+    it pins that its worker runs for real, fetch.DEPENDENCIES) is neither in the engine cache nor fetchable from
+    PyPI."""
     from engine.serving.real import fetch
 
-    if all(fetch.cached_sources(s) is not None for s in specs):
+    def cached(spec: str) -> bool:
+        engine, _, version = spec.partition("@")
+        return fetch.cached_sources(spec) is not None and not fetch.dependency_sources(engine, version,
+                                                                                      offline=True).stubbed
+
+    if all(cached(s) for s in specs):
         return
     if os.environ.get("CI") == "true" or fetch.network_available():
         return

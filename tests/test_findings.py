@@ -10,6 +10,8 @@ History-thinking retention and its kwargs are pinned in tests/test_simulate.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.simulate import run_cell
@@ -170,7 +172,8 @@ ROWS = [
     ('deepseek-v3.1', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38'),
     # Part 2 (docs/FINDINGS.md): MiniMax through vLLM loses `</think>` on a call turn, SGLang's append-think keeps it;
     # DeepSeek V3.2 with thinking off breaks in its template; Llama re-serialises and refuses parallel calls; Mistral's
-    # template inserts [CALL_ID] and refuses SGLang's ids (vLLM's mistral parser needs the stubbed mistral_common).
+    # template inserts [CALL_ID] and refuses SGLang's ids; vLLM's mistral parser (run against the mistral_common
+    # 0.33.0 requires) makes 9-alphanumeric ids, which it takes, so vLLM breaks where SGLang errors.
     ('minimax-m2.7', 'tool-call', 'raw', 'holds', None),
     ('minimax-m2.7', 'tool-call', 'vllm@0.33.0', 'breaks', 'parser reasoning-dropped vllm/reasoning/minimax_m2_reasoning_parser.py:61'),
     ('minimax-m2.7', 'tool-call', 'sglang@0.5.23', 'holds', None),
@@ -204,9 +207,15 @@ ROWS = [
     ('llama-3.1', 'tool-call', 'sglang@0.5.23', 'holds', None),
     ('llama-3.1', 'tool-call', 'sglang@0.5.12', 'holds', None),
     ('mistral-small-3.2', 'tool-call', 'raw', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
+    ('mistral-small-3.2', 'tool-call', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
     ('mistral-small-3.2', 'tool-call', 'sglang@0.5.23', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
     ('mistral-small-3.2', 'tool-call', 'sglang@0.5.12', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'tool-call-id', 'raw', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'tool-call-id', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:93'),
+    ('mistral-small-3.2', 'tool-call-truncated', 'vllm@0.33.0', 'error', 'Mistral-Small-3.2-24B-Instruct-2506.jinja for model mistral-'),
+    ('mistral-small-3.2', 'no-tools-next-user', 'vllm@0.33.0', 'holds', None),
     ('mistral-small-3.2', 'content-truncated', 'raw', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
+    ('mistral-small-3.2', 'content-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
     ('mistral-small-3.2', 'content-truncated', 'sglang@0.5.23', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
     ('mistral-small-3.2', 'content-truncated', 'sglang@0.5.12', 'breaks', 'template scaffold-changed Mistral-Small-3.2-24B-Instruct-2506.jinja:68-69'),
 ]
@@ -218,6 +227,8 @@ def test_drift_matrix_row(model: str, scenario: str, engine: str, status: str, c
     cell = run_cell(model, scenario, engine)
     if cell.status == "unavailable" and "whose source is not here" in (cell.note or ""):
         pytest.skip(cell.note)  # the engine's own encoder: its wheel is neither cached nor fetchable (offline)
+    if cell.status == "error" and "is stubbed in this worker" in (cell.note or "") and os.environ.get("CI") != "true":
+        pytest.skip(cell.note)  # a dependency the release pins (mistral_common) is neither cached nor fetchable
     assert cell.status == status
     if cell.status == "error":
         assert cell.note is not None and cell.note.startswith(cause)

@@ -175,3 +175,80 @@ def test_releases_trace_where_cheap_and_cite_lines_they_executed():
     assert vllm.parse(ANSWER_AROUND_CALL, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS,
                       vocab=vocab).edits == ()
     assert vllm.last_trace is None
+
+
+MISTRAL_VOCAB = {"[TOOL_CALLS]": 9, "[ARGS]": 32, "[CALL_ID]": 33}  # Tekken's ids (model_assets/mistral-small-3.2)
+MISTRAL_CALLS = 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+
+
+def test_vllm_runs_its_mistral_parser_against_the_mistral_common_it_requires():
+    need("vllm@0.33.0")
+    from engine.serving.real.backend import AddedVocab, RealEngine, worker_for
+
+    required = next(r for r in fetch.requirements("vllm", "0.33.0") if r.name == "mistral_common")
+    assert (str(required.specifier), required.extras) == (">=1.11.6", {"image"})  # the wheel's METADATA
+    dependencies = fetch.dependency_sources("vllm", "0.33.0")
+    chosen = dependencies.real["mistral_common"].spec
+    assert dependencies.stubbed == {} and required.specifier.contains(chosen.partition("@")[2])
+    assert (fetch.cache_dir() / "releases" / chosen / "manifest.json").exists()
+    assert worker_for("vllm", "0.33.0").hello["real_dependencies"] == ["mistral_common"]
+    vocab = AddedVocab(MISTRAL_VOCAB, frozenset(MISTRAL_VOCAB))
+    engine = RealEngine("vllm", "0.33.0")
+    whole = engine.parse(MISTRAL_CALLS, reasoning_parser=None, tool_parser="mistral", tools=TOOLS, vocab=vocab)
+    streamed = engine.parse(MISTRAL_CALLS, reasoning_parser=None, tool_parser="mistral", tools=TOOLS, vocab=vocab,
+                            stream=True, chunks=vocab.chunks(MISTRAL_CALLS))
+    calls = [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+    # the full response strips the text before the calls, the stream sends it as it came
+    assert (whole.content, [(c.name, c.arguments) for c in whole.tool_calls]) == ("Sure.", calls)
+    assert (streamed.content, [(c.name, c.arguments) for c in streamed.tool_calls]) == ("Sure. ", calls)
+    # MistralToolCall's 9 alphanumerics from `random`, seeded by the text: the same ids both ways, and distinct
+    ids = [c.id for c in whole.tool_calls]
+    assert ids == [c.id for c in streamed.tool_calls] and len(set(ids)) == 2
+    assert all(i.isalnum() and len(i) == 9 for i in ids)
+    assert whole.warnings == () and streamed.warnings == ()
+
+
+def test_a_mistral_common_that_cannot_be_had_stays_stubbed_and_the_error_says_so(monkeypatch):
+    need("vllm@0.33.0")
+    from engine.serving.real import backend
+
+    listed = fetch.list_releases
+    monkeypatch.setattr(fetch, "list_releases",
+                        lambda name, **kw: [] if name == "mistral_common" else listed(name, **kw))
+    backend.stop_workers()
+    try:
+        result = backend.RealEngine("vllm", "0.33.0").parse(
+            MISTRAL_CALLS, reasoning_parser=None, tool_parser="mistral", tools=TOOLS,
+            vocab=backend.AddedVocab(MISTRAL_VOCAB, frozenset(MISTRAL_VOCAB)))
+    finally:
+        backend.stop_workers()  # the next test's worker gets the real mistral_common again
+    assert result.error == (
+        "TypeError: --tool-call-parser mistral cannot be used with the tokenizer of 'm': Mistral parser could not "
+        "locate the tool call token in the tokenizer! at vllm/parser/parser_manager.py:92 (mistral_common is stubbed "
+        "in this worker: no mistral_common release on PyPI matches vllm@0.33.0's requirement "
+        "mistral_common[image]>=1.11.6)")
+
+
+def test_vllm_reads_mistral_v11_calls_with_the_hub_tokenizer_from_0_20_0(capsys):
+    need("vllm@0.19.1", "vllm@0.20.0")
+    from engine.cli import main
+    from engine.serving.real.backend import AddedVocab, RealEngine
+
+    vocab = AddedVocab(MISTRAL_VOCAB, frozenset(MISTRAL_VOCAB))
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    old, new = (RealEngine("vllm", v).parse(text, reasoning_parser=None, tool_parser="mistral", tools=TOOLS,
+                                            vocab=vocab) for v in ("0.19.1", "0.20.0"))
+    # 0.19.1 parses v11 calls only through its MistralTokenizer (mistral_tool_parser.py:69-70): the call is text, so
+    # its cells are unavailable (the missing piece named) rather than the Hub-tokenizer server's template errors
+    assert (old.content, old.tool_calls, old.error) == (text, (), None)
+    # 0.20.0 takes [ARGS] in a Hugging Face vocabulary for v11 (mistral_tool_parser.py:93-99)
+    assert new.content is None and [(c.name, c.arguments) for c in new.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
+    assert main(["timeline", "--model", "mistral-small-3.2", "--scenario", "tool-call", "--engine", "vllm",
+                 "--from", "0.19.1", "--to", "0.20.0", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["releases"]
+    assert [(r["release"], r["status"], r["changed"]) for r in rows] == [("vllm@0.19.1", "unavailable", False),
+                                                                         ("vllm@0.20.0", "breaks", True)]
+    # the release strip names the missing piece (engine/serving/rendering.py's row for model_type mistral3)
+    assert rows[0]["note"].startswith("vllm@0.19.1 cannot serve mistral-small-3.2: it parses the [TOOL_CALLS]name"
+                                      "[ARGS]{…} calls of Mistral 3 models only through its own MistralTokenizer")

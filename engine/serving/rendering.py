@@ -4,9 +4,10 @@ An engine column promises "what this engine at this version does to this model's
 rendered from their Hub Jinja template (through transformers, with the engine's own handling of the messages and
 of `chat_template_kwargs`), but some engines bypass the template for some model types: vLLM renders gpt-oss through
 openai-harmony and DeepSeek V4 through the encoder it bundles; SGLang renders DeepSeek V4 through its own copy of
-the encoder (0.5.12 … 0.5.22) or the deepseek-recipe package (0.5.23). `RULES` is that table, keyed by the engine's
-name, a release range and the model's `model_type` (config.json's, which is what the engines key on); the first row
-that matches wins, and a model no row names is rendered from its Hub template.
+the encoder (0.5.12 … 0.5.22) or the deepseek-recipe package (0.5.23); vLLM before 0.20 cannot parse Mistral 3's
+calls without a tokenizer that is not here (its MistralTokenizer, from tekken.json). `RULES` is that table, keyed by
+the engine's name, a release range and the model's `model_type` (config.json's, which is what the engines key on);
+the first row that matches wins, and a model no row names is rendered from its Hub template.
 
     served_model(load_model("gpt-oss"), get_engine("vllm"))   # -> the same model rendered through openai-harmony
 
@@ -65,6 +66,13 @@ RULES: tuple[ServingRule, ...] = (
                         "model ships no chat template"),
     ServingRule("vllm", "deepseek_v4", "engine_encoder", "vllm/tokenizers/deepseek_v4.py:22-66",
                 first="0.20.0", encoder="vllm/tokenizers/deepseek_v4_encoding.py"),
+    # What Mistral 3 models write ([TOOL_CALLS]name[ARGS]{…}, tokenizer v11+) these releases parse only through vLLM's
+    # MistralTokenizer; with the Hub tokenizer every call is returned as text. 0.20.0 reads [ARGS] in an HF vocabulary.
+    ServingRule("vllm", "mistral3", "unavailable", "", before="0.20.0",
+                missing="parses the [TOOL_CALLS]name[ARGS]{…} calls of Mistral 3 models only through its own "
+                        "MistralTokenizer (--tokenizer-mode mistral; 0.19.1's vllm/tool_parsers/mistral_tool_parser.py"
+                        ":69-70), built from the Hub's tekken.json, which no package here ships (with the Hub "
+                        "tokenizer every call comes back as text; 0.20.0 reads [ARGS] in its vocabulary)"),
     ServingRule("sglang", "deepseek_v4", "unavailable", "", before="0.5.12",
                 missing="has no DeepSeek V4 renderer (its bundled encoding_dsv4.py arrived in 0.5.12) and the "
                         "model ships no chat template"),

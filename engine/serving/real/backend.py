@@ -78,8 +78,10 @@ def network_isolation() -> list[str]:
 class Worker:
     """One sandboxed worker process for one release."""
 
-    def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits) -> None:
+    def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits,
+                 dependencies: fetch.Dependencies | None = None) -> None:
         self.engine, self.version, self.root, self.limits = engine, version, root, limits
+        self.dependencies = dependencies or fetch.Dependencies({}, {})
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.replies = None
@@ -104,7 +106,7 @@ class Worker:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
         argv = [*network_isolation(), sys.executable, "-m", "engine.serving.real.worker", self.engine, self.version,
-                str(self.root)]
+                str(self.root), *(f"{name}={src.root}" for name, src in sorted(self.dependencies.real.items()))]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
         os.close(write_fd)
@@ -137,6 +139,11 @@ class Worker:
             self.proc.stdin.flush()
             return self._read(timeout_s, request.get("op", "answer"))
 
+    def stubbed_dependencies(self) -> str:
+        """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
+        return "".join(f" ({name} is stubbed in this worker: {why})"
+                       for name, why in sorted(self.dependencies.stubbed.items()))
+
     def stop(self) -> int | None:
         proc, self.proc = self.proc, None
         if self.replies is not None:
@@ -163,7 +170,7 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
             _WORKERS.move_to_end(spec)
             return worker
     sources = fetch.fetch_sources(engine, version, offline=offline)
-    worker = Worker(engine, version, sources.root, limits)
+    worker = Worker(engine, version, sources.root, limits, fetch.dependency_sources(engine, version, offline=offline))
     worker.start()
     with _WORKERS_LOCK:
         _WORKERS[spec] = worker
@@ -448,7 +455,7 @@ class RealEngine(EngineEmulation):
             return ParseResult(None, None, error=str(err))
         if not reply.get("ok"):
             where = f" at {reply['where']}" if reply.get("where") else ""
-            return ParseResult(None, None, error=f"{reply.get('error')}{where}")
+            return ParseResult(None, None, error=f"{reply.get('error')}{where}{worker.stubbed_dependencies()}")
         result = reply["result"]
         if result.get("error"):
             return ParseResult(None, None, error=result["error"])

