@@ -25,7 +25,12 @@ COLUMNS = {"vllm": "vllm@0.33.0", "sglang@0.5.23": "sglang@0.5.23", "sglang@0.5.
     ("sglang", "0.5.11", "deepseek_v4", "unavailable"),
     ("sglang", "0.5.12", "deepseek_v4", "engine_encoder"),
     ("sglang", "0.5.16", "deepseek_v4", "engine_encoder"),
-    ("sglang", "0.5.23", "deepseek_v4", "hub"),
+    ("sglang", "0.5.22", "deepseek_v4", "engine_encoder"),
+    ("sglang", "0.5.23", "deepseek_v4", "deepseek_recipe"),
+    ("sglang", "0.5.5.post3", "deepseek_v32", "unavailable"),
+    ("sglang", "0.5.6", "deepseek_v32", "engine_encoder"),
+    ("sglang", "0.5.23", "deepseek_v32", "engine_encoder"),
+    ("vllm", "0.33.0", "deepseek_v32", None),
     ("sglang", "0.5.23", "gpt_oss", None),
     ("vllm", "0.33.0", "", None),
 ])
@@ -41,12 +46,6 @@ def test_the_column_renders_what_the_engine_renders(model_id, column):
     from engine.serving.proof import prove_cell
 
     need(COLUMNS[column])
-    if model_id == "deepseek-v4" and column == "sglang@0.5.23":
-        pytest.skip("SGLang 0.5.23 renders DeepSeek V4 through deepseek-recipe, which this column does not drive yet")
-    if model_id == "deepseek-v3.2" and column.startswith("sglang"):
-        pytest.skip("SGLang started with --tool-call-parser deepseekv32 renders through its own DeepSeek V3.2 encoder, "
-                    "which the renderer table (engine/serving/rendering.py) does not have yet: the column renders the "
-                    "Hub template")
     if model_id == "mistral-small-3.2" and column == "vllm":
         pytest.skip("every vLLM cell of Mistral Small 3.2 is an error: vLLM's mistral parser reads its token names "
                     "from mistral_common, which the sandbox stubs, so no boundary is rendered")

@@ -17,9 +17,10 @@ Provenance is by the messages' own text: each message's content, reasoning and c
 prompt in order, and those characters belong to that message; everything else is the encoder's scaffolding (-1).
 No encoder lines are known (deepseek-recipe is compiled), so `source_line` is 0.
 
-For the per-engine renderer table (engine/simulate.py `render()`): this is the renderer of DeepSeek V4 on
-sglang@0.5.23 (`RELEASE`, `MODEL_ID`), the first SGLang release that imports deepseek-recipe (0.5.18-0.5.22 render
-V4 through their bundled encoding_dsv4.py and parse it with the DSML parser classes).
+The renderer table (engine/serving/rendering.py `RULES`) renders DeepSeek V4 on sglang@0.5.23 with it, the first
+SGLang release that imports deepseek-recipe (0.5.12-0.5.22 render V4 through their bundled encoding_dsv4.py). Cause
+attribution cannot undo the recipe's constructs (there is no source to instrument): a cell's cause there is the
+first differing character and the message it belongs to.
 """
 
 from __future__ import annotations
@@ -39,17 +40,25 @@ RENDER_TIMEOUT_S = 30.0
 class SglangDeepSeekRecipeRenderer:
     """`tokenizer`: DeepSeek V4's real tokenizer (the recipe tokenizes with its tokenizer.json)."""
 
-    def __init__(self, tokenizer: Any, release: str = RELEASE) -> None:
+    def __init__(self, tokenizer: Any, release: str = RELEASE, where: str = "") -> None:
         self.tokenizer = tokenizer
         self.engine, _, self.version = release.partition("@")
         self.origin = f"{release} deepseek-recipe (real code)"
         self.source_path = "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py"
+        self.request_side = f"{self.engine} {self.version} real code ({where or self.source_path})"
 
     def source_lines(self) -> list[str]:
         return []  # deepseek-recipe's encoder is compiled: no source lines to show
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = True,
                kwargs: dict | None = None) -> Rendered:
+        text, _ = self.prompt(messages, tools, kwargs)
+        return Rendered(text, provenance=lambda: message_provenance(text, messages), source_path=self.source_path,
+                        origin=self.origin)
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None = None
+               ) -> tuple[str, tuple[int, ...]]:
+        """The prompt text and the prompt ids the release's request path builds (the server's 400 a RenderError)."""
         from engine.serving.real.backend import AddedVocab, EngineWorkerError, worker_for
 
         vocab = AddedVocab.from_tokenizer(self.tokenizer)
@@ -69,9 +78,7 @@ class SglangDeepSeekRecipeRenderer:
         if error:
             raise RenderError(f"{MODEL_ID}: {self.engine} {self.version} refuses the request: {error}",
                               model=MODEL_ID, path=self.source_path)
-        text = result["text"]
-        return Rendered(text, provenance=lambda: message_provenance(text, messages), source_path=self.source_path,
-                        origin=self.origin)
+        return result["text"], tuple(result["ids"])
 
 
 def message_texts(message: dict) -> list[str]:
