@@ -61,10 +61,16 @@ RULES: tuple[ServingRule, ...] = (
     ServingRule("sglang", "deepseek_v32", "unavailable", "", before="0.5.6",
                 missing="has no DeepSeek V3.2 renderer (its bundled encoding_dsv32.py arrived in 0.5.6) and the model "
                         "ships no chat template"),
-    # 0.5.6-0.5.11 pick the encoder for a DeepseekV3 architecture without a chat template (serving_chat.py
-    # _use_dpsk_v32_encoding), 0.5.12 on for --tool-call-parser deepseekv32 (chat_encoding.py from 0.5.16).
+    # 0.5.6-0.5.11 pick the encoder for a DeepseekV3 architecture without a chat template, 0.5.12 on for
+    # --tool-call-parser deepseekv32 (resolved in chat_encoding.py from 0.5.16).
+    ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:279 "
+                "(_use_dpsk_v32_encoding), 496-529", first="0.5.6", before="0.5.12",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
+    ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:299 "
+                "(dsv32), 751-815", first="0.5.12", before="0.5.16",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
     ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/chat_encoding.py:36 "
-                "(dsv32), serving_chat.py:2075-2116", first="0.5.6",
+                "(dsv32), serving_chat.py:2075-2116", first="0.5.16",
                 encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
     ServingRule("vllm", "gpt_oss", "unavailable", "", before="0.10.1",
                 missing="predates gpt-oss: it has no harmony renderer (vLLM renders gpt-oss through openai-harmony "
