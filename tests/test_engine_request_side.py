@@ -123,7 +123,7 @@ def test_sglang_0_5_23_renders_deepseek_v4_through_deepseek_recipe():
     # Like vLLM's encoder, the recipe writes the reasoning-effort preamble: 79 tokens more than the Hub encoder.
     cell = run_cell("deepseek-v4", "reasoning-truncated", "sglang")
     assert (cell.status, cell.focus.token_prefix.prev_len) == ("holds", 1089)
-    assert cell.renderer == ("sglang@0.5.23 deepseek-recipe (real code) "
+    assert cell.renderer == ("sglang 0.5.23 deepseek-recipe (real code) "
                              "(sglang/srt/entrypoints/openai/serving_deepseek_recipe.py)")
     assert cell.request_side == ("sglang 0.5.23 real code (sglang/srt/entrypoints/openai/chat_encoding.py:34 (dsv4), "
                                  "chat_encoding_adapters.py:293, serving_deepseek_recipe.py:100 encode_messages)")

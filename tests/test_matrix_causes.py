@@ -81,7 +81,7 @@ def test_every_primary_location_contains_the_construct_its_kind_names(broken) ->
             # openai-harmony (vLLM × gpt-oss) is a compiled library: the location names it, without lines.
             assert primary.path.startswith("openai-harmony") and cell.renderer.startswith("openai-harmony"), where
             continue
-        if cause.stage == "template" and cell.renderer.startswith("sglang@0.5.23 deepseek-recipe"):
+        if cause.stage == "template" and cell.renderer.startswith("sglang 0.5.23 deepseek-recipe"):
             # deepseek-recipe is compiled too: the location is the release's call into it.
             assert (primary.path, _source_span(cell, primary).strip()) == (
                 "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py", "prompt_ids = self._encode("), where

@@ -48,7 +48,8 @@ class SglangDeepSeekRecipeRenderer:
     def __init__(self, tokenizer: Any, release: str = RELEASE, where: str = "") -> None:
         self.tokenizer = tokenizer
         self.engine, _, self.version = release.partition("@")
-        self.origin = f"{release} deepseek-recipe (real code)"
+        # "sglang 0.5.23 …", as the engines' own encoders are named: a cause's link goes to that release's source
+        self.origin = f"{self.engine} {self.version} deepseek-recipe (real code)"
         self.source_path = "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py"
         self.request_side = f"{self.engine} {self.version} real code ({where or self.source_path})"
         self.opaque = OPAQUE
