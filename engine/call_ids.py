@@ -14,6 +14,8 @@ release that returns one random id for two calls keeps the two equal.
 
     ids = SessionCallIds()
     ids.client_id("call_<uuid>", 0)   # -> "call_" + 24 hex digits, the same for position 0 in every session
+
+A logged trace has the ids the real server drew; its replay sends those back instead (engine/traces/pipeline.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class RandomIdShape:
 RANDOM_ID_SHAPES = (RandomIdShape("call_", 24), RandomIdShape("chatcmpl-tool-", 32))
 
 
+def random_shape(call_id: str) -> RandomIdShape | None:
+    """The shape of an engine's random id that `call_id` has (its placeholder included), or None."""
+    return next((shape for shape in RANDOM_ID_SHAPES if shape.matches(call_id)), None)
+
+
 @dataclass
 class SessionCallIds:
     """The ids of one session's calls, in order; a real random id seen again maps to the same stable id."""
@@ -48,7 +55,7 @@ class SessionCallIds:
     _given: dict[str, str] = field(default_factory=dict)
 
     def client_id(self, engine_id: str, position: int) -> str:
-        shape = next((s for s in RANDOM_ID_SHAPES if s.matches(engine_id)), None)
+        shape = random_shape(engine_id)
         if shape is None:
             return engine_id
         if engine_id.endswith("<uuid>"):  # an emulation's placeholder stands for a fresh random value

@@ -45,3 +45,14 @@ def test_a_real_releases_random_ids_are_the_same_in_every_run():
     need("sglang@0.5.22")
     cell = run_cell("qwen3.6", "parallel-tool-calls", "sglang@0.5.22")  # the release's code draws uuid4 ids
     assert [call["id"] for call in cell.boundaries[0].next_request.sent[-3]["tool_calls"]] == [FIRST, SECOND]
+
+
+def test_a_trace_replay_sends_back_the_random_ids_the_logged_server_drew():
+    from engine.traces.pipeline import returned_message
+    from engine.types import ParseResult, ToolCall
+
+    parsed = ParseResult(None, "", (ToolCall("call_<uuid>", "f", "{}"), ToolCall("functions.f:1", "f", "{}"),
+                                    ToolCall(None, "f", "{}")))
+    message = returned_message(parsed, ["call_0123456789abcdef01234567", "functions.f:7"], calls_so_far=4)
+    # The random one is the server's draw as logged; Kimi's numbering is the engine's own; a missing id is numbered.
+    assert [c["id"] for c in message["tool_calls"]] == ["call_0123456789abcdef01234567", "functions.f:1", "call_6"]
