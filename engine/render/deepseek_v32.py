@@ -15,12 +15,12 @@ release imported; nothing is copied.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
 from engine.render.constructs import Evaluation, InstrumentedModule
+from engine.render.deepseek_v4 import rendered_message, run_watching_prompt
 
 TRACED_FUNCTIONS = frozenset({"render_message", "encode_messages"})
 REPRINTING_FUNCTIONS = frozenset({"to_json"})  # the encoder's functions that print a value anew
@@ -64,25 +64,8 @@ class DeepSeekV32Encoder:
             index.extend([owner] * appended)
             lines.extend([line] * appended)
 
-        def local_tracer(frame: FrameType, event: str, _arg: Any):
-            if event in ("line", "return"):
-                record_growth(frame)
-                if event == "line":
-                    watched[id(frame)] = (watched[id(frame)][0], frame.f_lineno)
-            return local_tracer
-
-        def global_tracer(frame: FrameType, event: str, _arg: Any):
-            if event == "call" and frame.f_code.co_filename == self._file and frame.f_code.co_name in TRACED_FUNCTIONS:
-                watched[id(frame)] = (0, frame.f_lineno)
-                return local_tracer
-            return None
-
-        previous = sys.gettrace()
-        sys.settrace(global_tracer)
-        try:
-            traced = self._encode(request)
-        finally:
-            sys.settrace(previous)
+        traced = run_watching_prompt(self._file, TRACED_FUNCTIONS, watched, record_growth,
+                                     lambda: self._encode(request))
         if traced != prompt or len(index) != len(prompt):
             raise ValueError(f"the traced run of {Path(self._file).name} followed {len(index)} of {len(prompt)} "
                              "characters of the prompt")
@@ -94,15 +77,8 @@ class DeepSeekV32Encoder:
         (engine.render.constructs; construct ids of the encoder's own source)."""
         if self._instrumented_module is None:
             self._instrumented_module = InstrumentedModule(
-                Path(self._file).read_text(encoding="utf-8"), self._file, REPRINTING_FUNCTIONS, _rendered_message)
+                Path(self._file).read_text(encoding="utf-8"), self._file, REPRINTING_FUNCTIONS, rendered_message)
         module = self._instrumented_module
         owners = dict(enumerate(request["origin"]))
         return module.run(lambda: self._encode(request, module.namespace["encode_messages"]), owners,
                           undo_from=undo_from, undo=undo, substitute=substitute)
-
-
-def _rendered_message(frame: FrameType, run: Any) -> int | None:
-    if frame.f_code.co_name != "render_message":
-        return None
-    index = frame.f_locals.get("index")
-    return run.message_ids.get(index, -1) if isinstance(index, int) else None
