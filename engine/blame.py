@@ -220,6 +220,7 @@ def _field_differences(parse: ParseResult, written: ParseResult, origin: str) ->
     put back as written: the reasoning, the content, a call's arguments or id, the calls themselves, null for ""."""
     found: list[tuple[ParseResult, Edit, str]] = []
     where = Location(origin, "serving layer", 0)
+    sources = dict(parse.sources)  # the real code's line that decided a field, where the tracer saw it
     edits = parse.edits
     if len(parse.tool_calls) < len(written.tool_calls):
         kept = {call.name for call in parse.tool_calls}
@@ -235,7 +236,8 @@ def _field_differences(parse: ParseResult, written: ParseResult, origin: str) ->
             calls = list(parse.tool_calls)
             calls[i] = replace(call, arguments=own.arguments)
             edit = _producing_edit(call.arguments, own.arguments, edits, Edit(
-                "args_rewritten", own.arguments, call.arguments, where, "the arguments are not the model's"))
+                "args_rewritten", own.arguments, call.arguments, sources.get(f"arguments of {call.name}", where),
+                "the arguments are not the model's"))
             found.append((replace(parse, tool_calls=tuple(calls)), replace(edit, before=own.arguments,
                                                                            after=call.arguments), "arguments"))
         if own.id and call.id != own.id:
@@ -253,7 +255,8 @@ def _field_differences(parse: ParseResult, written: ParseResult, origin: str) ->
                 "content_null", '""', "null", where, "an empty answer is returned as null")
         else:
             edit = _producing_edit(value or "", own or "", edits, Edit(
-                f"{field}_rewritten", own or "", value or "", where, f"the {field} is not the model's"))
+                f"{field}_rewritten", own or "", value or "", sources.get(field, where),
+                f"the {field} is not the model's"))
             edit = replace(edit, before=own or "", after=value or "")
         found.append((replace(parse, **{field: own if own is not None else ""}), edit, field))
     return found

@@ -51,6 +51,18 @@ def cached_model(model_id: str) -> LoadedModel:
     return load_model(model_id)
 
 
+def through_the_app() -> None:
+    """Rerun through app.py's navigation when Streamlit ran this page file directly: a fresh server whose first request
+    is a page URL (a shared /matrix?... link) starts in Streamlit's legacy pages/ mode, which skips app.py (its layout,
+    page names, the hidden /matrix page) for every session until one opens "/". Streamlit 1.67 keeps that mode in
+    `PagesManager.uses_pages_directory`, which st.navigation clears; the rerun keeps the URL and its parameters."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def status_style(label: str) -> str:
     status = {"✓": "holds", "✗": "breaks", "!": "error", "–": "unavailable"}.get(label.removeprefix("≠ ")[:1], "")
     return f"background-color: {STATUS_COLOURS[status]}" if status else ""

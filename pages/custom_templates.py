@@ -9,7 +9,7 @@ import streamlit as st
 from engine.models import default_model_ids, load_spec
 from engine.uploads import UploadLimits
 from engine.workspace import READ_ONLY_ENV, WORKSPACE_ENV, Upload, Workspace
-from pages.common import describe_error, init_custom_columns, plain
+from pages.common import describe_error, init_custom_columns, plain, through_the_app
 
 
 def _megabytes(size: int) -> int:
@@ -137,4 +137,5 @@ def main() -> None:
     _listing(workspace)
 
 
+through_the_app()
 main()

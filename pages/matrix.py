@@ -28,6 +28,7 @@ from pages.common import (
     plain,
     show_cell,
     status_style,
+    through_the_app,
     user_kwargs,
     workspace_root,
 )
@@ -538,5 +539,6 @@ def _write_url() -> None:
 
 
 # One scope per script run: a custom template that hits a limit is stopped once in this view, not once a cell.
+through_the_app()
 with render_scope():
     main()

@@ -20,7 +20,7 @@ from engine.session import (
     session_ids,
     simulate_session,
 )
-from pages.common import cached_model, describe_error, plain, show_view
+from pages.common import cached_model, describe_error, plain, show_view, through_the_app
 
 # What the page offers for the replies: the template alone, or through an engine (its default version).
 ENGINE_CHOICES: dict[str, str | None] = {"template only": None, "raw split": "raw", "through vLLM": "vllm",
@@ -135,4 +135,5 @@ def main() -> None:
     _what_if(model, script, SessionSettings(dict(script.kwargs), int(block), policy, engine))
 
 
+through_the_app()
 main()

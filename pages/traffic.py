@@ -20,7 +20,7 @@ from engine.traces.readers import FORMATS
 from engine.traces.report import TraceReport, analyse_trace
 from engine.traces.store import StoredTrace, TraceLimits, TraceStore
 from engine.workspace import default_root
-from pages.common import cached_model, describe_error, show_break, show_cause, show_view
+from pages.common import cached_model, describe_error, show_break, show_cause, show_view, through_the_app
 
 NO_REPLAY = "none (figures only)"
 EXAMPLE = """\
@@ -279,4 +279,5 @@ def _report(report: TraceReport, model: LoadedModel) -> None:
     _exports(report, model)
 
 
+through_the_app()
 main()

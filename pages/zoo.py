@@ -20,7 +20,7 @@ from engine.zoo import (
     scoreboard_rows,
     zoo_template,
 )
-from pages.common import describe_error, init_custom_columns, plain, show_cell, status_style
+from pages.common import describe_error, init_custom_columns, plain, show_cell, status_style, through_the_app
 
 STATUS_LABELS = {"holds": "✓ holds", "breaks": "✗ breaks", "refused": "! refused", "n/a": "– n/a"}
 
@@ -147,4 +147,5 @@ def main() -> None:
         _template_detail(next(r for r in results if r.template == name))
 
 
+through_the_app()
 main()

@@ -6,6 +6,7 @@ one and a hostile one), opens the session page, and saves screenshots to build/s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,10 +56,10 @@ def zoo_cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("zoo-cache")
 
 
-@pytest.fixture(scope="module")
-def app_url(workspace_dir, zoo_cache_dir) -> Iterator[str]:
+@contextlib.contextmanager
+def _streamlit(env: dict[str, str]) -> Iterator[str]:
+    """`streamlit run app.py` on a free loopback port, until it answers its health check."""
     port = _free_port()
-    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir), "DRIFT_ZOO_CACHE": str(zoo_cache_dir)}
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -80,6 +81,13 @@ def app_url(workspace_dir, zoo_cache_dir) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def app_url(workspace_dir, zoo_cache_dir) -> Iterator[str]:
+    env = {**os.environ, "DRIFT_WORKSPACE": str(workspace_dir), "DRIFT_ZOO_CACHE": str(zoo_cache_dir)}
+    with _streamlit(env) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +114,22 @@ def _click_cell(page, row: int, column: int, index_width: int = INDEX_WIDTH) -> 
     page.mouse.move(x, y, steps=8)
     page.mouse.down()
     page.mouse.up()
+
+
+def test_a_shared_page_link_is_the_first_request_of_a_fresh_server(tmp_path) -> None:
+    # Streamlit's legacy pages/ mode would run pages/zoo.py without app.py (its page names, its layout, /matrix):
+    # the page reruns itself through app.py's navigation, and keeps the link's path
+    env = {**os.environ, "DRIFT_WORKSPACE": str(tmp_path / "workspace"), "DRIFT_ZOO_CACHE": str(tmp_path / "zoo")}
+    with _streamlit(env) as url, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1600, "height": 1200})
+        tab.goto(f"{url}/zoo")
+        navigation = tab.locator("[data-testid='stSidebarNav']")
+        navigation.get_by_text("Template zoo").wait_for(timeout=120_000)
+        names = [link.inner_text().split("\n")[-1] for link in navigation.locator("a").all()]  # after its icon
+        assert names == ["Drift matrix", "Custom templates", "Agent session", "Your traffic", "Template zoo"]
+        assert tab.url == f"{url}/zoo"
+        browser.close()
 
 
 def test_click_a_cell_shows_the_diff_and_the_cause_then_the_fix_holds(page, app_url) -> None:
@@ -339,6 +363,8 @@ def test_release_strip_fills_in_and_a_click_opens_that_release(page, app_url) ->
     # a string (its line 120 `|items` fails), and SGLang's answer strip changes at 0.5.13 (null -> "\n\n")
     caption = page.get_by_text("releases, oldest left")
     caption.wait_for(timeout=600_000)
+    # the finished run reruns the page: the live strip (no click handler) stays on screen, stale, until that is done
+    page.get_by_text(f"of {len(versions)} sglang releases run").wait_for(state="detached", timeout=120_000)
     assert f"{len(versions)} releases, oldest left; ● marks a release whose outcome differs from the one before " \
            "(0.5.1.post3, 0.5.13)" in caption.inner_text()
     chart = page.locator("[data-testid='stPlotlyChart']").last

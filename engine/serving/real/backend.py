@@ -285,6 +285,44 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
     return tuple(edits)
 
 
+# Where a release's tool parsers live: vllm/tool_parsers/, vllm/parser/ (0.2x's parser engine), sglang's function_call/.
+_TOOL_PARSER_PATHS = ("tool_parser", "/parser/", "function_call/")
+
+
+def field_sources(origin: str, text: str, result: dict, trace: dict) -> tuple[tuple[str, Location], ...]:
+    """For the fields no string edit made (`traced_edits`), the release's executed line that decided them: for an
+    empty reasoning of a non-empty text, the reasoning parser's first line that made the text it handed on as content
+    (the split that gave the reasoning away: MiniMax's append-think prepending `<think>`), else the last value a
+    reasoning parser's function returned; for a call's arguments, the first line in the tool parsers that set exactly
+    that string (the arguments built from the parsed parameters), else the first that turned a parameter's text into
+    another type (or returned from a function named for converting, where the tracer saw no type change)."""
+    edits = trace.get("edits", [])
+
+    def where(edit: dict) -> Location:
+        return Location(origin, edit["file"], edit["line"], None)
+
+    sources: list[tuple[str, Location]] = []
+    if not result.get("reasoning") and text:
+        in_parser = [e for e in edits if "reasoning" in e["file"] and isinstance(e["after"], str) and e["after"]]
+        head = (result.get("content") or "")[:40]
+        made = next((e for e in in_parser if head and e["after"].startswith(head)), None) or next(
+            (e for e in reversed(in_parser) if e["variable"].startswith("return of ")), None)
+        if made is not None:
+            sources.append(("reasoning", where(made)))
+    in_tool_parsers = [e for e in edits if any(part in e["file"] for part in _TOOL_PARSER_PATHS)]
+    # a parameter's text turned into another type (SGLang's Qwen3-Coder `_convert_param_value`): the repr of a str
+    # before, of something else after
+    converted = next((e for e in in_tool_parsers if e["kind"] == "type" and str(e["before"])[:1] in "'\""
+                      and str(e["after"])[:1] not in "'\""), None) or next(
+        (e for e in in_tool_parsers if e["variable"].startswith("return of ") and "convert" in e["variable"]), None)
+    for call in result.get("tool_calls", []):
+        value = call["arguments"][:200]
+        made = next((e for e in in_tool_parsers if e["kind"] in ("set", "string") and e["after"] == value), None)
+        if made is not None or converted is not None:
+            sources.append((f"arguments of {call['name']}", where(made or converted)))
+    return tuple(sources)
+
+
 def request_edits(origin: str, entry: str, sent: list[dict], conversation: list[dict]) -> tuple[Edit, ...]:
     """What the release's request side changed in the client's messages, read off the conversation it handed the
     template (message by message, as blame undoes them): reasoning renamed or dropped, arguments parsed into dicts.
@@ -416,11 +454,13 @@ class RealEngine(EngineEmulation):
             return ParseResult(None, None, error=result["error"])
         calls = tuple(ToolCall(c.get("id"), c["name"], c["arguments"]) for c in result["tool_calls"])
         edits: tuple[Edit, ...] = ()
+        sources: tuple[tuple[str, Location], ...] = ()
         if trace:
             self.last_trace = reply.get("trace") or {"lines": {}, "edits": []}
             edits = traced_edits(self.origin, text, result, self.last_trace)
+            sources = field_sources(self.origin, text, result, self.last_trace)
         return ParseResult(result["reasoning"], result["content"], calls, edits,
-                           warnings=tuple(reply.get("warnings", ())))
+                           warnings=tuple(reply.get("warnings", ())), sources=sources)
 
     def tokenizes_output(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
         """Whether this release's serving code turns the output into token ids with the model's own tokenizer for these
