@@ -457,9 +457,11 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
                    f"{_snippet(rendered.text, at)!r}; changed by: {location.text}; emitted by: {emit_location.text}",
         )
     kind = _template_kind(boundary, "output:output", "", _written_fields(boundary, context))
+    opaque = getattr(renderer, "opaque", "")  # a compiled renderer: there is nothing to undo
     return Cause(
         stage="template", kind=kind, locations=(emit_location,), changed=changed, fix=None,
-        proof="no construct of the template that ran for this message, undone alone, moves the break: the first "
+        proof=f"{opaque}; the first differing character is its output" if opaque else
+              "no construct of the template that ran for this message, undone alone, moves the break: the first "
               "differing character is this line's own output",
         detail=f"at char {at}: previous {_snippet(boundary.prev_text, at)!r} vs next {_snippet(rendered.text, at)!r}; "
                f"emitted by: {emit_location.text}",

@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.call_ids import SessionCallIds
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
@@ -802,6 +803,7 @@ class _EngineSide:
         self.sent: dict[int, dict] = {}  # scripted reply's step -> the message the client sends back instead
         self.rendered_tools: list[dict] | None = None  # the last request's tools as the template was given them
         self.call_ids: dict[int, list[str]] = {}  # scripted reply's step -> the ids of its parsed tool calls
+        self.session_ids = SessionCallIds()
         self.calls_so_far = 0
 
     @property
@@ -859,9 +861,11 @@ class _EngineSide:
         turn = turn_as_written(self.model, _assistant_turn(self.script, reply_step), prompt.text)
         completion = self.fmt.write(turn, self.stop)
         parsed = self._parse(completion, tools, reply_step, reasoning_forced(self.model, prompt.text))
-        # Call ids as engine.simulate gives them: the engine's, else the script's, else numbered.
+        # Call ids as engine.simulate gives them: the engine's (random ones made stable), else the script's, else
+        # numbered.
         scripted = [c.call_id for c in turn.tool_calls]
-        ids = [c.id or (scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}")
+        ids = [self.session_ids.client_id(c.id, self.calls_so_far + i) if c.id else
+               scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}"
                for i, c in enumerate(parsed.tool_calls)]
         self.calls_so_far += len(parsed.tool_calls)
         self.sent[reply_step], self.call_ids[reply_step] = client_message(parsed, ids), ids

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from engine.call_ids import SessionCallIds
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
@@ -330,6 +331,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     boundaries: list[Boundary] = []
     pending: tuple[Rendered, tuple | None, Completion, tuple | None, ParseResult, int] | None = None
     call_ids: list[str] = []
+    session_ids = SessionCallIds()  # the engine's random ids as stable, distinct ones
     call_cursor = 0
     calls_so_far = 0
     last_request: list[RenderRequest | None] = [None]  # what the latest render was given
@@ -359,10 +361,15 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         except RenderError as err:
             raise _Failed(str(err), tuple(boundaries)) from err
 
-    for turn in scenario.turns:
+    for position, turn in enumerate(scenario.turns):
         if turn.role in ("user", "tool"):
             history.append(scripted_message(turn, call_ids, call_cursor))
             call_cursor += turn.role == "tool"
+            # A client sends the next request once it holds a result for every call of the reply (OpenAI-style
+            # servers refuse one that lacks a result: deepseek-recipe does), so consecutive results go together.
+            later = scenario.turns[position + 1] if position + 1 < len(scenario.turns) else None
+            if turn.role == "tool" and later is not None and later.role == "tool" and call_cursor < len(call_ids):
+                continue
             if pending is not None:
                 try:
                     boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
@@ -400,8 +407,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
         if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
             parsed = overrides.parse
         spec_ids = [c.call_id for c in turn.assistant.tool_calls]
-        call_ids = [c.id or (spec_ids[i] if i < len(spec_ids) and spec_ids[i] else
-                             fmt.client_call_id(calls_so_far + i))
+        call_ids = [session_ids.client_id(c.id, calls_so_far + i) if c.id else
+                    spec_ids[i] if i < len(spec_ids) and spec_ids[i] else fmt.client_call_id(calls_so_far + i)
                     for i, c in enumerate(parsed.tool_calls)]
         call_cursor = 0
         calls_so_far += len(parsed.tool_calls)

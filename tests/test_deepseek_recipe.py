@@ -57,7 +57,7 @@ def test_thinking_asks_for_maximum_effort(model, recipe):
     assert rendered.text != encoder(model, {"thinking": True}).text
     start = rendered.text.index("Weather in Paris?")
     assert set(rendered.message_index[start:start + 17]) == {0} and rendered.message_index[start - 1] == -1
-    assert rendered.origin == "sglang@0.5.23 deepseek-recipe (real code)"
+    assert rendered.origin == "sglang 0.5.23 deepseek-recipe (real code)"
 
 
 def test_a_request_the_server_refuses_is_one_sentence(recipe):

@@ -25,7 +25,12 @@ COLUMNS = {"vllm": "vllm@0.33.0", "sglang@0.5.23": "sglang@0.5.23", "sglang@0.5.
     ("sglang", "0.5.11", "deepseek_v4", "unavailable"),
     ("sglang", "0.5.12", "deepseek_v4", "engine_encoder"),
     ("sglang", "0.5.16", "deepseek_v4", "engine_encoder"),
-    ("sglang", "0.5.23", "deepseek_v4", "hub"),
+    ("sglang", "0.5.22", "deepseek_v4", "engine_encoder"),
+    ("sglang", "0.5.23", "deepseek_v4", "deepseek_recipe"),
+    ("sglang", "0.5.5.post3", "deepseek_v32", "unavailable"),
+    ("sglang", "0.5.6", "deepseek_v32", "engine_encoder"),
+    ("sglang", "0.5.23", "deepseek_v32", "engine_encoder"),
+    ("vllm", "0.33.0", "deepseek_v32", None),
     ("sglang", "0.5.23", "gpt_oss", None),
     ("vllm", "0.33.0", "", None),
     ("vllm", "0.19.1", "mistral3", "unavailable"),
@@ -44,12 +49,6 @@ def test_the_column_renders_what_the_engine_renders(model_id, column):
     from engine.serving.proof import prove_cell
 
     need(COLUMNS[column])
-    if model_id == "deepseek-v4" and column == "sglang@0.5.23":
-        pytest.skip("SGLang 0.5.23 renders DeepSeek V4 through deepseek-recipe, which this column does not drive yet")
-    if model_id == "deepseek-v3.2" and column.startswith("sglang"):
-        pytest.skip("SGLang started with --tool-call-parser deepseekv32 renders through its own DeepSeek V3.2 encoder, "
-                    "which the renderer table (engine/serving/rendering.py) does not have yet: the column renders the "
-                    "Hub template")
     checked = 0
     for scenario in scenario_ids():
         for proof in prove_cell(model_id, scenario, column):
@@ -119,3 +118,83 @@ def test_sglang_hands_the_template_its_pydantic_dump_of_the_tools():
     assert get_engine("sglang@0.5.12").served_tools(tools) == [
         {"type": "function", "function": {"description": None, "name": "f", "parameters": {"type": "object"},
                                           "strict": False}, "defer_loading": None}]
+
+
+def test_sglang_0_5_23_renders_deepseek_v4_through_deepseek_recipe():
+    need("sglang@0.5.23")
+    # Like vLLM's encoder, the recipe writes the reasoning-effort preamble: 79 tokens more than the Hub encoder.
+    cell = run_cell("deepseek-v4", "reasoning-truncated", "sglang")
+    assert (cell.status, cell.focus.token_prefix.prev_len) == ("holds", 1089)
+    assert cell.renderer == ("sglang 0.5.23 deepseek-recipe (real code) "
+                             "(sglang/srt/entrypoints/openai/serving_deepseek_recipe.py)")
+    assert cell.request_side == ("sglang 0.5.23 real code (sglang/srt/entrypoints/openai/chat_encoding.py:34 (dsv4), "
+                                 "chat_encoding_adapters.py:293, serving_deepseek_recipe.py:100 encode_messages)")
+    # The recipe is compiled: the cause is the release's call into it, and says that nothing could be undone.
+    cause = run_cell("deepseek-v4", "args-serialization", "sglang").cause
+    assert (cause.kind, cause.location) == ("args-reserialised",
+                                            "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py:144")
+    assert cause.proof.startswith("deepseek-recipe is a compiled extension (deepseek_recipe/_native.abi3.so): none "
+                                  "of its constructs can be undone")
+
+
+def test_deepseek_recipe_takes_truncated_arguments_and_refuses_a_call_without_a_result():
+    need("sglang@0.5.23")
+    from engine.models import load_model
+    from engine.render.deepseek_recipe import SglangDeepSeekRecipeRenderer
+
+    renderer = SglangDeepSeekRecipeRenderer(load_model("deepseek-v4").tokenizer)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Sa'}}
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    text = renderer.render([*history, {"role": "tool", "tool_call_id": "call_1", "content": "fog"}], None).text
+    assert '<｜DSML｜parameter name="arguments" string="true">{"city": "Sa</｜DSML｜parameter>' in text
+    # So the tool-call-truncated cell is the server's 400 for the scenario's client (a user turn after the cut
+    # call), not our request side's JSON check, which no longer runs for a model the engine renders itself.
+    cell = run_cell("deepseek-v4", "tool-call-truncated", "sglang")
+    assert cell.status == "error"
+    assert cell.note == ("deepseek-v4: sglang 0.5.23 refuses the request: An assistant message with 'tool_calls' must "
+                         "be followed by tool messages responding to each 'tool_call_id'. (insufficient tool messages "
+                         "following tool_calls message)")
+
+
+def test_sglang_renders_deepseek_v3_2_with_its_bundled_encoder():
+    need("sglang@0.5.23", "sglang@0.5.6", "sglang@0.5.5.post3")
+    cell = run_cell("deepseek-v3.2", "args-serialization", "sglang")
+    assert cell.renderer == "sglang 0.5.23 encoder (sglang/srt/entrypoints/openai/encoding_dsv32.py)"
+    assert (cell.focus.token_prefix.prev_len, cell.focus.token_prefix.common) == (1250, 1208)
+    # The construct counterfactuals run in the worker over the release's encoder: its to_json re-dumps the values.
+    assert (cell.cause.kind, cell.cause.location) == ("args-reserialised",
+                                                      "sglang/srt/entrypoints/openai/encoding_dsv32.py:112")
+    assert cell.cause.proof.startswith("re-rendered with to_json(v) printing the model's own text")
+    # The encoder writes `</think>` alone in chat mode, in the generation prompt and in the history alike (the Hub's
+    # Jinja port writes `<think></think>` before the answer and `</think>` after it, and breaks).
+    assert run_cell("deepseek-v3.2", "tool-call", "sglang").status == "holds"
+    assert run_cell("deepseek-v3.2", "tool-call", "raw").status == "breaks"
+    # 0.5.6-0.5.11 choose the encoder by architecture (no chat template), through serving_chat.py's own check.
+    old = run_cell("deepseek-v3.2", "args-serialization", "sglang@0.5.6")
+    assert (old.status, old.cause.location) == ("breaks", "sglang/srt/entrypoints/openai/encoding_dsv32.py:102")
+    assert run_cell("deepseek-v3.2", "tool-call", "sglang@0.5.5.post3").status == "unavailable"
+
+
+def test_sglang_splits_deepseek_v3_reasoning_only_for_a_thinking_request():
+    """_DeepSeekV3Detector's explicit_thinking: V3.2 with thinking off gets its calls back, as the release's own code
+    returns them (the emulation against sglang@0.5.23 run in its worker)."""
+    need("sglang@0.5.23")
+    from engine.parsers import get_engine
+    from engine.serving.real.backend import RealEngine
+
+    text = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+            'string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    names = {"reasoning_parser": "deepseek-v3", "tool_parser": "deepseekv32", "tools": tools,
+             "chat_template_kwargs": {"thinking": False}}
+    emulated = get_engine("sglang").parse(text, **names)
+    real = RealEngine("sglang", "0.5.23").parse(text, **names, force_reasoning=False)
+    assert [(c.name, c.arguments) for c in emulated.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert (emulated.reasoning, [(c.name, c.arguments) for c in real.tool_calls], real.reasoning) == (
+        None, [("get_weather", '{"city": "Paris"}')], None)
+    # Thinking on, the reasoning is forced open and the block stays inside it, in both.
+    thinking = {**names, "chat_template_kwargs": {"thinking": True}}
+    emulated, real = get_engine("sglang").parse(text, **thinking), RealEngine("sglang", "0.5.23").parse(
+        text, **thinking, force_reasoning=True)
+    assert (emulated.tool_calls, emulated.reasoning) == ((), text) == (real.tool_calls, real.reasoning)

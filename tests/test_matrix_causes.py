@@ -66,7 +66,9 @@ def test_every_cause_is_a_known_kind_and_proved(broken) -> None:
         proved = cause.proof.startswith("re-r")
         # The only unproved causes: markup the template writes in another order or form than the model (no single
         # construct, undone, gives the model's text back), named at the line that emits the first differing text.
-        assert proved or (cause.stage == "template" and cause.kind in (
+        # And those of a compiled renderer (SGLang 0.5.23's deepseek-recipe), which has no construct to undo.
+        compiled = cause.proof.startswith("deepseek-recipe is a compiled extension")
+        assert proved or compiled or (cause.stage == "template" and cause.kind in (
             "scaffold-changed", "close-inserted", "reasoning-dropped")), (cell.model, cell.scenario, cause.proof)
 
 
@@ -78,6 +80,11 @@ def test_every_primary_location_contains_the_construct_its_kind_names(broken) ->
         if cause.stage == "template" and primary.line == 0:
             # openai-harmony (vLLM × gpt-oss) is a compiled library: the location names it, without lines.
             assert primary.path.startswith("openai-harmony") and cell.renderer.startswith("openai-harmony"), where
+            continue
+        if cause.stage == "template" and cell.renderer.startswith("sglang 0.5.23 deepseek-recipe"):
+            # deepseek-recipe is compiled too: the location is the release's call into it.
+            assert (primary.path, _source_span(cell, primary).strip()) == (
+                "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py", "prompt_ids = self._encode("), where
             continue
         if cause.stage == "template" and (cell.model, cell.scenario, cell.engine) in MACRO_PARAMETER_PRINTED:
             # Known imprecision, open: the primary location is the `{{ content }}` of MiniMax's visible_text macro,

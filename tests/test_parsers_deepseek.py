@@ -70,6 +70,8 @@ def parse(spec: str, text: str, stream: bool, chunks: list[str] | None = None, *
     if spec == "sglang@0.5.23" and tool_parser == "deepseekv4":
         require_release(spec)
         kwargs = {"thinking": True}  # the recipe path reads it from the request, as the golden corpus asks
+    elif spec.startswith("sglang") and names.get("reasoning_parser") == "deepseek-v3":
+        kwargs = {"thinking": True}  # SGLang splits deepseek-v3 reasoning only for a thinking request
     return get_engine(spec).parse(
         text,
         reasoning_parser=names.get("reasoning_parser", reasoning_parser),

@@ -15,11 +15,13 @@ appends `<｜Assistant｜>` and the think token itself.
 
 Provenance is by the messages' own text: each message's content, reasoning and call arguments are found in the
 prompt in order, and those characters belong to that message; everything else is the encoder's scaffolding (-1).
-No encoder lines are known (deepseek-recipe is compiled), so `source_line` is 0.
+No encoder lines are known (deepseek-recipe is compiled), so every character's line is the release's call into the
+recipe (serving_deepseek_recipe.py `ENCODE_LINE`), whose source the cell shows.
 
-For the per-engine renderer table (engine/simulate.py `render()`): this is the renderer of DeepSeek V4 on
-sglang@0.5.23 (`RELEASE`, `MODEL_ID`), the first SGLang release that imports deepseek-recipe (0.5.18-0.5.22 render
-V4 through their bundled encoding_dsv4.py and parse it with the DSML parser classes).
+The renderer table (engine/serving/rendering.py `RULES`) renders DeepSeek V4 on sglang@0.5.23 with it, the first
+SGLang release that imports deepseek-recipe (0.5.12-0.5.22 render V4 through their bundled encoding_dsv4.py). Cause
+attribution cannot undo the recipe's constructs (there is no source to instrument): a cell's cause there is the
+first differing character and the message it belongs to.
 """
 
 from __future__ import annotations
@@ -34,22 +36,46 @@ MODEL_ID = "deepseek-v4"
 RELEASE = "sglang@0.5.23"
 PARSERS = ("deepseek-v4", "deepseekv4")  # the parser pair that selects the recipe's output path too
 RENDER_TIMEOUT_S = 30.0
+ENCODE_LINE = 144  # serving_deepseek_recipe.py at 0.5.23: `prompt_ids = self._encode(body, effort=…)`, into the recipe
+# Why cause attribution cannot undo a construct here (engine/blame.py reads it).
+OPAQUE = ("deepseek-recipe is a compiled extension (deepseek_recipe/_native.abi3.so): none of its constructs can be "
+          "undone to test which one moved the break")
 
 
 class SglangDeepSeekRecipeRenderer:
     """`tokenizer`: DeepSeek V4's real tokenizer (the recipe tokenizes with its tokenizer.json)."""
 
-    def __init__(self, tokenizer: Any, release: str = RELEASE) -> None:
+    def __init__(self, tokenizer: Any, release: str = RELEASE, where: str = "") -> None:
         self.tokenizer = tokenizer
         self.engine, _, self.version = release.partition("@")
-        self.origin = f"{release} deepseek-recipe (real code)"
+        # "sglang 0.5.23 …", as the engines' own encoders are named: a cause's link goes to that release's source
+        self.origin = f"{self.engine} {self.version} deepseek-recipe (real code)"
         self.source_path = "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py"
+        self.request_side = f"{self.engine} {self.version} real code ({where or self.source_path})"
+        self.opaque = OPAQUE
+        self._lines: list[str] | None = None
 
     def source_lines(self) -> list[str]:
-        return []  # deepseek-recipe's encoder is compiled: no source lines to show
+        """The release's serving_deepseek_recipe.py (the recipe's own encoder is compiled: no lines to show)."""
+        if self._lines is None:
+            from engine.serving.real import fetch
+
+            try:
+                root = fetch.fetch_sources(self.engine, self.version).root
+                self._lines = (root / self.source_path).read_text(encoding="utf-8").splitlines()
+            except (fetch.FetchError, OSError):
+                self._lines = []
+        return list(self._lines)
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool = True,
                kwargs: dict | None = None) -> Rendered:
+        text, _ = self.prompt(messages, tools, kwargs)
+        return Rendered(text, provenance=lambda: message_provenance(text, messages), source_path=self.source_path,
+                        origin=self.origin)
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None = None
+               ) -> tuple[str, tuple[int, ...]]:
+        """The prompt text and the prompt ids the release's request path builds (the server's 400 a RenderError)."""
         from engine.serving.real.backend import AddedVocab, EngineWorkerError, worker_for
 
         vocab = AddedVocab.from_tokenizer(self.tokenizer)
@@ -69,9 +95,7 @@ class SglangDeepSeekRecipeRenderer:
         if error:
             raise RenderError(f"{MODEL_ID}: {self.engine} {self.version} refuses the request: {error}",
                               model=MODEL_ID, path=self.source_path)
-        text = result["text"]
-        return Rendered(text, provenance=lambda: message_provenance(text, messages), source_path=self.source_path,
-                        origin=self.origin)
+        return result["text"], tuple(result["ids"])
 
 
 def message_texts(message: dict) -> list[str]:
@@ -99,7 +123,7 @@ def message_texts(message: dict) -> list[str]:
 
 
 def message_provenance(text: str, messages: list[dict]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Each character's message index (found in order; -1 scaffolding) and source line (0: unknown)."""
+    """Each character's message index (found in order; -1 scaffolding) and source line (the call into the recipe)."""
     index = [-1] * len(text)
     position = 0
     for number, message in enumerate(messages):
@@ -109,4 +133,4 @@ def message_provenance(text: str, messages: list[dict]) -> tuple[tuple[int, ...]
                 continue  # the encoder dropped or rewrote it (e.g. earlier turns' reasoning)
             index[start:start + len(piece)] = [number] * len(piece)
             position = start + len(piece)
-    return tuple(index), (0,) * len(text)
+    return tuple(index), (ENCODE_LINE,) * len(text)

@@ -34,6 +34,7 @@ import importlib.util
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -138,7 +139,7 @@ class DeepSeekV4Renderer:
         if self._instrumented_module is None:
             self._instrumented_module = InstrumentedModule(
                 Path(self._file).read_text(encoding="utf-8"), self._file, REPRINTING_FUNCTIONS,
-                _rendered_message)
+                rendered_message)
         return self._instrumented_module
 
     def construct_table(self) -> ConstructTable:
@@ -246,25 +247,8 @@ class DeepSeekV4Renderer:
             index = local.get("index") if frame.f_code.co_name == "render_message" else None
             pieces.append(_Piece(appended, line, index, parts, blocks))
 
-        def local_tracer(frame: FrameType, event: str, _arg: Any):
-            if event in ("line", "return"):
-                record_growth(frame)
-                if event == "line":
-                    watched[id(frame)] = (watched[id(frame)][0], frame.f_lineno)
-            return local_tracer
-
-        def global_tracer(frame: FrameType, event: str, _arg: Any):
-            if event == "call" and frame.f_code.co_filename == self._file and frame.f_code.co_name in TRACED_FUNCTIONS:
-                watched[id(frame)] = (0, frame.f_lineno)
-                return local_tracer
-            return None
-
-        previous = sys.gettrace()
-        sys.settrace(global_tracer)
-        try:
-            prompt = self._encode(request)
-        finally:
-            sys.settrace(previous)
+        prompt = run_watching_prompt(self._file, TRACED_FUNCTIONS, watched, record_growth,
+                                     lambda: self._encode(request))
         return pieces, prompt
 
     def _render_origins(self, request: dict) -> list[list[int]]:
@@ -342,7 +326,33 @@ class DeepSeekV4Renderer:
         )
 
 
-def _rendered_message(frame: FrameType, run: Any) -> int | None:
+def run_watching_prompt(file: str, functions: frozenset[str], watched: dict[int, tuple[int, int]],
+                        record_growth: Callable[[FrameType], None], run: Callable[[], str]) -> str:
+    """`run()` with a line tracer on the encoder `file`'s `functions`: `watched[id(frame)]` holds (the length of the
+    frame's `prompt` seen so far, the line last started), and `record_growth(frame)` is called on every line and
+    return, before that line is noted."""
+    def local_tracer(frame: FrameType, event: str, _arg: Any):
+        if event in ("line", "return"):
+            record_growth(frame)
+            if event == "line":
+                watched[id(frame)] = (watched[id(frame)][0], frame.f_lineno)
+        return local_tracer
+
+    def global_tracer(frame: FrameType, event: str, _arg: Any):
+        if event == "call" and frame.f_code.co_filename == file and frame.f_code.co_name in functions:
+            watched[id(frame)] = (0, frame.f_lineno)
+            return local_tracer
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(global_tracer)
+    try:
+        return run()
+    finally:
+        sys.settrace(previous)
+
+
+def rendered_message(frame: FrameType, run: Any) -> int | None:
     """The conversation message a frame of the encoder renders: render_message's `index`, through the run's map from
     the encoder's (merged) message list to the original messages."""
     if frame.f_code.co_name != "render_message":

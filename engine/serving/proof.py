@@ -13,10 +13,11 @@ apply_chat_template, and the model's template renders what it was handed; where 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.models import LoadedModel, load_model
-from engine.serving.rendering import serving_rule
+from engine.serving.rendering import ENCODER_RENDERERS, served_model, serving_rule
 from engine.tokenize import token_ids
 
 
@@ -64,8 +65,11 @@ def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list
                                      "reasoning_effort": kwargs.get("reasoning_effort"),
                                      "chat_template_kwargs": others or None}, model.tokenizer)
         return reply["prompt"], tuple(reply["prompt_ids"])
+    if kind == "deepseek_recipe":
+        return served_model(model, emulation).renderer.prompt(sent, tools, kwargs)
     if kind == "engine_encoder":
-        reply = real.render_request({**job, "renderer": "deepseek_v4", "chat_template_kwargs": dict(kwargs)})
+        reply = real.render_request({**job, "renderer": ENCODER_RENDERERS[Path(rule.encoder).name],
+                                     "chat_template_kwargs": dict(kwargs)})
         return reply["prompt"], _ids(model, reply["prompt"])
     source = getattr(model.renderer, "template_source", None)
     if not isinstance(source, str):

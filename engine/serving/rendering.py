@@ -4,10 +4,11 @@ An engine column promises "what this engine at this version does to this model's
 rendered from their Hub Jinja template (through transformers, with the engine's own handling of the messages and
 of `chat_template_kwargs`), but some engines bypass the template for some model types: vLLM renders gpt-oss through
 openai-harmony and DeepSeek V4 through the encoder it bundles; SGLang renders DeepSeek V4 through its own copy of
-the encoder (0.5.12 … 0.5.22) or the deepseek-recipe package (0.5.23); vLLM before 0.20 cannot parse Mistral 3's
-calls without a tokenizer that is not here (its MistralTokenizer, from tekken.json). `RULES` is that table, keyed by
-the engine's name, a release range and the model's `model_type` (config.json's, which is what the engines key on);
-the first row that matches wins, and a model no row names is rendered from its Hub template.
+the encoder (0.5.12 … 0.5.22) or the deepseek-recipe package (0.5.23), and DeepSeek V3.2 through its bundled V3.2
+encoder; vLLM before 0.20 cannot parse Mistral 3's calls without a tokenizer that is not here (its MistralTokenizer,
+from tekken.json). `RULES` is that table, keyed by the engine's name, a release range and the model's `model_type`
+(config.json's, which is what the engines key on); the first row that matches wins, and a model no row names is
+rendered from its Hub template.
 
     served_model(load_model("gpt-oss"), get_engine("vllm"))   # -> the same model rendered through openai-harmony
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ExplorerError, RenderError
@@ -38,7 +40,8 @@ class ServingRule:
 
     engine: str
     model_type: str
-    renderer: str  # "harmony" | "engine_encoder" | "hub" (the model's own renderer) | "unavailable"
+    # "harmony" | "engine_encoder" | "deepseek_recipe" | "hub" (the model's own renderer) | "unavailable"
+    renderer: str
     where: str  # the engine code that builds the prompt (at the newest release the row covers)
     first: str | None = None
     before: str | None = None
@@ -56,6 +59,20 @@ class ServingRule:
 
 
 RULES: tuple[ServingRule, ...] = (
+    ServingRule("sglang", "deepseek_v32", "unavailable", "", before="0.5.6",
+                missing="has no DeepSeek V3.2 renderer (its bundled encoding_dsv32.py arrived in 0.5.6) and the model "
+                        "ships no chat template"),
+    # 0.5.6-0.5.11 pick the encoder for a DeepseekV3 architecture without a chat template, 0.5.12 on for
+    # --tool-call-parser deepseekv32 (resolved in chat_encoding.py from 0.5.16).
+    ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:279 "
+                "(_use_dpsk_v32_encoding), 496-529", first="0.5.6", before="0.5.12",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
+    ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:299 "
+                "(dsv32), 751-815", first="0.5.12", before="0.5.16",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
+    ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/chat_encoding.py:36 "
+                "(dsv32), serving_chat.py:2075-2116", first="0.5.16",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
     ServingRule("vllm", "gpt_oss", "unavailable", "", before="0.10.1",
                 missing="predates gpt-oss: it has no harmony renderer (vLLM renders gpt-oss through openai-harmony "
                         "from 0.10.1)"),
@@ -76,14 +93,21 @@ RULES: tuple[ServingRule, ...] = (
     ServingRule("sglang", "deepseek_v4", "unavailable", "", before="0.5.12",
                 missing="has no DeepSeek V4 renderer (its bundled encoding_dsv4.py arrived in 0.5.12) and the "
                         "model ships no chat template"),
-    ServingRule("sglang", "deepseek_v4", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:530-600",
-                first="0.5.12", before="0.5.17", encoder="sglang/srt/entrypoints/openai/encoding_dsv4.py"),
-    # 0.5.17 … 0.5.22 go through chat_encoding.py and 0.5.23 through the deepseek-recipe package (chat_encoding.py
-    # :33-34, serving_chat.py:2922-2928): not driven here yet (engineer i17 owns the 0.5.23 path); until a row says
-    # otherwise these releases render with the model's own encoder.
-    ServingRule("sglang", "deepseek_v4", "hub", "deepseek-recipe / chat_encoding.py (not driven yet: the model's own "
-                "encoder stands in)", first="0.5.17"),
+    ServingRule("sglang", "deepseek_v4", "engine_encoder", "sglang/srt/entrypoints/openai/serving_chat.py:751-810",
+                first="0.5.12", before="0.5.16", encoder="sglang/srt/entrypoints/openai/encoding_dsv4.py"),
+    # From 0.5.16 chat_encoding.py resolves the `dsv4` spec and serving_chat.py still calls the bundled encoder.
+    ServingRule("sglang", "deepseek_v4", "engine_encoder", "sglang/srt/entrypoints/openai/chat_encoding.py:129 "
+                "(dsv4), serving_chat.py:1570-1642", first="0.5.16", before="0.5.23",
+                encoder="sglang/srt/entrypoints/openai/encoding_dsv4.py"),
+    # 0.5.23 dropped encoding_dsv4.py: the `dsv4` spec's adapter renders through DeepSeek's deepseek-recipe package.
+    ServingRule("sglang", "deepseek_v4", "deepseek_recipe", "sglang/srt/entrypoints/openai/chat_encoding.py:34 (dsv4), "
+                "chat_encoding_adapters.py:293, serving_deepseek_recipe.py:100 encode_messages", first="0.5.23"),
 )
+
+
+# The worker's name for each bundled encoder (engine/serving/real/glue_*.py ENCODERS).
+ENCODER_RENDERERS = {"encoding_dsv4.py": "deepseek_v4", "deepseek_v4_encoding.py": "deepseek_v4",
+                     "encoding_dsv32.py": "deepseek_v32"}
 
 
 def serving_rule(engine: str, version: str, model_type: str) -> ServingRule | None:
@@ -169,6 +193,11 @@ def _build_served(base: LoadedModel, rule: ServingRule, version: str) -> LoadedM
     if rule.renderer == "harmony":
         renderer, _ = build_renderer(base.spec, "harmony")
         hashes = dict(base.asset_hashes)
+    elif rule.renderer == "deepseek_recipe":
+        from engine.render.deepseek_recipe import SglangDeepSeekRecipeRenderer
+
+        renderer = SglangDeepSeekRecipeRenderer(base.tokenizer, f"{rule.engine}@{version}", rule.where)
+        hashes = dict(base.asset_hashes)
     else:
         renderer = EngineEncoderRenderer(rule, version, base)
         hashes = {**base.asset_hashes, rule.encoder: renderer.sha256}
@@ -197,6 +226,7 @@ class EngineEncoderRenderer:
                                      f"({rule.encoder}), whose source is not here: {err}") from err
         self.origin = f"{rule.engine} {version} encoder"
         self.source_path = rule.encoder
+        self.job_renderer = ENCODER_RENDERERS[Path(rule.encoder).name]
         self.request_side = f"{rule.engine} {version} real code ({rule.where})"
         path = sources.root / rule.encoder
         self._lines = path.read_text(encoding="utf-8").splitlines()
@@ -253,7 +283,7 @@ class EngineEncoderRenderer:
 
     def _job(self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None) -> dict[str, Any]:
         parsers = self.model.spec.engine_parsers.get(self.engine, {})
-        return {"renderer": "deepseek_v4", "messages": messages, "tools": tools or None,
+        return {"renderer": self.job_renderer, "messages": messages, "tools": tools or None,
                 "chat_template_kwargs": dict(kwargs or {}), "model_type": self.model.spec.model_type,
                 "message_count": len(messages), "reasoning_parser": parsers.get("reasoning_parser"),
                 "tool_parser": parsers.get("tool_call_parser")}

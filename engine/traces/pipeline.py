@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.call_ids import random_shape
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
@@ -104,9 +105,11 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
 
 
 def returned_message(parsed: ParseResult, call_ids: list[str] | None = None, calls_so_far: int = 0) -> dict:
-    """The assistant message a client sends back: the engine's fields, its call ids (else the client's)."""
-    ids = [c.id or (call_ids[i] if call_ids and i < len(call_ids) else f"call_{calls_so_far + i}")
-           for i, c in enumerate(parsed.tool_calls)]
+    """The assistant message a client sends back: the engine's fields, its call ids (else the client's); where the
+    engine draws a random id, the one the logged client sent back (`call_ids`), which that server drew."""
+    logged = call_ids or []
+    ids = [logged[i] if i < len(logged) and logged[i] and (not c.id or random_shape(c.id)) else
+           c.id or f"call_{calls_so_far + i}" for i, c in enumerate(parsed.tool_calls)]
     return client_message(parsed, ids)
 
 

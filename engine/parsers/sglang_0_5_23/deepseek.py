@@ -8,8 +8,10 @@ The serving glue (reasoning first, then the tool detector on what is left; strea
 tests/conformance/oracle_runner.py, which mirrors serving_chat.py. Streaming is emulated chunk by chunk: the
 detectors are buffer state machines whose output depends on where chunks split.
 
-`force_reasoning` is True, as the oracle runs it (a prompt that opens the think block). The real server sets it
-from `thinking: true` in chat_template_kwargs (serving_chat.py:3518-3560, reasoning_default "explicit_thinking").
+`force_reasoning`: as the server decides it for a model without a chat template's reasoning config
+(serving_chat.py:3518-3572): `deepseek-v3` (_DeepSeekV3Detector, reasoning_default "explicit_thinking",
+reasoning_parser.py:1529-1534) only when the request sets `thinking: true` in chat_template_kwargs, so DeepSeek V3.2
+with thinking off gets its answer and calls back; `deepseek-v4` always, as the golden corpus runs it (thinking on).
 """
 
 from __future__ import annotations
@@ -389,7 +391,6 @@ TOOL_BLOCKS = {"deepseekv4": "tool_calls", "deepseekv32": "function_calls"}
 class SglangDeepSeekParser(FamilyParser):
     """ReasoningParser then FunctionCallParser, as serving_chat.py chains them (see oracle_runner.run_sglang)."""
 
-    force_reasoning = True
     version = "0.5.23"
     has_stream_end = True  # ReasoningParser.parse_stream_end / FunctionCallParser.parse_stream_end exist
     detector_class: type = DsmlDetector
@@ -397,6 +398,12 @@ class SglangDeepSeekParser(FamilyParser):
     content_lines = (203, 217)
     content_note = "content is the text before the DSML block (its trailing blank line removed); the rest is dropped"
     stream_lines = (252, 383)
+
+    @property
+    def force_reasoning(self) -> bool:
+        if self.reasoning_parser == "deepseek-v3":
+            return (self.chat_template_kwargs or {}).get("thinking") is True
+        return True
 
     def _tool_start(self) -> str | None:
         # deepseek-v3 is Qwen3Detector (reasoning_parser.py:479: "<tool_call>" ends reasoning); V4 has none

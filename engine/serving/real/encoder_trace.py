@@ -43,8 +43,6 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
     if len(calls) != 1 or calls[0]["args"]:
         reply["provenance_error"] = f"the serving code called the encoder {len(calls)} times"
         return reply
-    from engine.render.deepseek_v4 import DeepSeekV4Renderer
-
     call = calls[0]
     messages = call["messages"]
     given = int(job.get("message_count") or 0)
@@ -52,6 +50,10 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
     origin = list(range(len(messages))) if len(messages) == given else [-1, *range(len(messages) - 1)]
     request = {"messages": messages, "origin": origin, "thinking_mode": call.get("thinking_mode", "chat"),
                "drop_thinking": call.get("drop_thinking", True), "reasoning_effort": call.get("reasoning_effort")}
+    if job.get("renderer") == "deepseek_v32":
+        return _v32_reply(reply, prompt, request, encoder, job)
+    from engine.render.deepseek_v4 import DeepSeekV4Renderer
+
     renderer = DeepSeekV4Renderer(encoder)
     if job.get("provenance"):
         index, lines = renderer._provenance_of(prompt, request)
@@ -65,6 +67,27 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
         text, evaluations = module.run(lambda: renderer._encode(request, module.namespace["encode_messages"]),
                                        owners, undo_from=wanted.get("undo_from"),
                                        undo=frozenset(wanted.get("undo") or ()), substitute=substitute)
+        reply["counterfactual"] = {"prompt": text, "evaluations": [
+            [e.construct, e.message, _jsonable(e.before), _jsonable(e.after)] for e in evaluations]}
+    return reply
+
+
+def _v32_reply(reply: dict, prompt: str, request: dict, encoder: ModuleType, job: dict) -> dict:
+    """encoder_reply for DeepSeek V3.2's encoder (engine.render.deepseek_v32)."""
+    from engine.render.deepseek_v32 import DeepSeekV32Encoder
+
+    traced = DeepSeekV32Encoder(encoder)
+    if job.get("provenance"):
+        try:
+            index, lines = traced.provenance(prompt, request)
+            reply["provenance"] = {"message_index": index, "source_line": lines}
+        except ValueError as err:
+            reply["provenance_error"] = str(err)
+    wanted = job.get("counterfactual")
+    if wanted:
+        substitute = {int(k): v for k, v in (wanted.get("substitute") or {}).items()}
+        text, evaluations = traced.counterfactual(request, undo_from=wanted.get("undo_from"),
+                                                  undo=frozenset(wanted.get("undo") or ()), substitute=substitute)
         reply["counterfactual"] = {"prompt": text, "evaluations": [
             [e.construct, e.message, _jsonable(e.before), _jsonable(e.after)] for e in evaluations]}
     return reply

@@ -17,6 +17,10 @@ from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
 REASONING_MODULES = ("sglang.srt.parser.reasoning_parser", "sglang.srt.reasoning_parser")
+# The encoders a release bundles, by the explorer's renderer name, and the architecture that selects each.
+ENCODERS = {"deepseek_v4": "sglang.srt.entrypoints.openai.encoding_dsv4",
+            "deepseek_v32": "sglang.srt.entrypoints.openai.encoding_dsv32"}
+ARCHITECTURES = {"deepseek_v4": "DeepseekV4ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
 
 class _Result(dict):
@@ -201,22 +205,29 @@ class Glue:
         object.__setattr__(serving, "template_manager", Permissive(
             "template_manager", force_reasoning=True, chat_template_name=None,
             jinja_template_content_format=content_format))
-        if job["renderer"] == "deepseek_v4":
+        encoder_module = ENCODERS.get(job["renderer"])
+        if encoder_module is not None:  # the checkpoint's architecture, as the release picks its encoder by it
             hf = HfConfig(job.get("model_type") or "generic")
-            hf.architectures = ["DeepseekV4ForCausalLM"]
+            hf.architectures = [ARCHITECTURES[job["renderer"]]]
             object.__setattr__(serving.tokenizer_manager.model_config, "hf_config", hf)
+            object.__setattr__(serving.tokenizer_manager.server_args, "get_hf_config", lambda: hf)  # 0.5.6's lookup
             if hasattr(serving, "_resolve_chat_encoding_spec"):
                 serving.chat_encoding_spec = serving._resolve_chat_encoding_spec()
+            elif hasattr(serving, "_use_dpsk_v32_encoding"):  # 0.5.6-0.5.11: V3 architecture, no chat template
+                serving.use_dpsk_v32_encoding = serving._use_dpsk_v32_encoding()
         tools = job.get("tools") or None
         request = self.protocol.ChatCompletionRequest(
             messages=job["messages"], model="m", tools=tools, tool_choice="auto" if tools else "none",
             chat_template_kwargs=job.get("chat_template_kwargs") or None)
         tokenizer.calls.clear()
-        if job["renderer"] == "deepseek_v4":
+        if encoder_module is not None:
             from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
 
-            encoder = importlib.import_module("sglang.srt.entrypoints.openai.encoding_dsv4")
-            with recorded_calls(encoder, "encode_messages") as calls:
+            encoder = importlib.import_module(encoder_module)
+            # 0.5.6-0.5.11 import V3.2's encode_messages by name into serving_chat; later releases call the module's
+            owner = self.serving_module if getattr(self.serving_module, "encode_messages", None) is \
+                encoder.encode_messages else encoder
+            with recorded_calls(owner, "encode_messages") as calls:
                 failure = _attempt(serving, request)
             texts = [c["text"] for c in tokenizer.calls if c["kind"] == "encode"]
             if not texts:
