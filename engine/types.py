@@ -61,8 +61,9 @@ class ParseResult:
     error: str | None = None
     # Real-engine backend only: stubbed names (heavy dependencies left out) that this parse touched.
     warnings: tuple[str, ...] = ()
-    # Real-engine backend only: the release's executed line that decided a field no edit made ("reasoning", "content",
-    # "arguments of NAME"), from its line tracer; blame names it when the field is not the model's.
+    # Real-engine backend only: the release's executed line that decided a field no edit made ("reasoning",
+    # "arguments of NAME"; backend.field_sources), from its line tracer; blame names it where the field is not the
+    # model's.
     sources: tuple[tuple[str, Location], ...] = ()
 
     def to_json(self) -> dict:
