@@ -82,7 +82,7 @@ from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
-from engine.simulate import client_message, raw_request, reasoning_forced, turn_as_written
+from engine.simulate import client_call_ids, client_message, raw_request, reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
@@ -861,12 +861,8 @@ class _EngineSide:
         turn = turn_as_written(self.model, _assistant_turn(self.script, reply_step), prompt.text)
         completion = self.fmt.write(turn, self.stop)
         parsed = self._parse(completion, tools, reply_step, reasoning_forced(self.model, prompt.text))
-        # Call ids as engine.simulate gives them: the engine's (random ones made stable), else the script's, else
-        # numbered.
-        scripted = [c.call_id for c in turn.tool_calls]
-        ids = [self.session_ids.client_id(c.id, self.calls_so_far + i) if c.id else
-               scripted[i] if i < len(scripted) and scripted[i] else f"call_{self.calls_so_far + i}"
-               for i, c in enumerate(parsed.tool_calls)]
+        ids = client_call_ids(parsed, [c.call_id for c in turn.tool_calls], self.fmt, self.session_ids,
+                              self.calls_so_far)
         self.calls_so_far += len(parsed.tool_calls)
         self.sent[reply_step], self.call_ids[reply_step] = client_message(parsed, ids), ids
         # The cache holds the prompt's ids followed by the generated ids: the completion tokenized on its own.

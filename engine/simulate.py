@@ -16,7 +16,7 @@ from typing import Any
 from engine.call_ids import SessionCallIds
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
-from engine.formats.base import prompt_opens_reasoning
+from engine.formats.base import OutputFormat, prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
 from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
@@ -74,6 +74,15 @@ def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: 
             for c, cid in zip(parsed.tool_calls, call_ids)
         ]
     return message
+
+
+def client_call_ids(parsed: ParseResult, scripted: list[str | None], fmt: OutputFormat, session_ids: SessionCallIds,
+                    calls_so_far: int) -> list[str]:
+    """The ids a client sends back for the engine's calls: the engine's own (its random ones made stable and
+    distinct, engine.call_ids), else the script's, else the client's numbering (`OutputFormat.client_call_id`)."""
+    return [session_ids.client_id(c.id, calls_so_far + i) if c.id else
+            scripted[i] if i < len(scripted) and scripted[i] else fmt.client_call_id(calls_so_far + i)
+            for i, c in enumerate(parsed.tool_calls)]
 
 
 def scripted_message(turn: ScriptTurn, call_ids: list[str], call_cursor: int) -> dict[str, Any]:
@@ -406,10 +415,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
             parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
         if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
             parsed = overrides.parse
-        spec_ids = [c.call_id for c in turn.assistant.tool_calls]
-        call_ids = [session_ids.client_id(c.id, calls_so_far + i) if c.id else
-                    spec_ids[i] if i < len(spec_ids) and spec_ids[i] else fmt.client_call_id(calls_so_far + i)
-                    for i, c in enumerate(parsed.tool_calls)]
+        call_ids = client_call_ids(parsed, [c.call_id for c in turn.assistant.tool_calls], fmt, session_ids,
+                                   calls_so_far)
         call_cursor = 0
         calls_so_far += len(parsed.tool_calls)
         history.append(client_message(parsed, call_ids, **scenario.client))
