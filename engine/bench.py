@@ -437,8 +437,8 @@ def long_session_point(model_id: str, calls: int) -> dict[str, Any]:
     render_s = [0.0]
     extending, rendering = tokenizer.encode_extending, renderer.render
 
-    def record_text(text, previous=None):
-        tokenized = extending(text, previous)
+    def record_text(text, previous=None, known=0):
+        tokenized = extending(text, previous, known)
         new_texts.append(tokenized.chars.tail)  # the text from where it stops agreeing with `previous`
         return tokenized
 

@@ -14,14 +14,16 @@ from typing import Any
 import numpy as np
 
 
-def common_prefix(a: Sequence, b: Sequence) -> int:
-    """Length of the longest common prefix of `a` and `b` (lists, tuples or strings)."""
+def common_prefix(a: Sequence, b: Sequence, known: int = 0) -> int:
+    """Length of the longest common prefix of `a` and `b` (lists, tuples or strings), given that their first
+    `known` items agree (the caller knows it without comparing them: only the rest is read)."""
     n = min(len(a), len(b))
+    known = min(max(known, 0), n)
     if isinstance(a, str) and isinstance(b, str):
-        return _common_prefix_str(a, b, n)
-    if a[:n] == b[:n]:
+        return _common_prefix_str(a, b, n, known)
+    if a[known:n] == b[known:n]:
         return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
+    lo, hi = known, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a[lo:mid] == b[lo:mid]:
@@ -31,11 +33,13 @@ def common_prefix(a: Sequence, b: Sequence) -> int:
     return lo
 
 
-def _common_prefix_str(a: str, b: str, n: int) -> int:
-    # startswith compares in place: only the probe (half, a quarter, ... of the rest) is ever copied.
-    if (a if len(a) >= len(b) else b).startswith(b if len(a) >= len(b) else a):
+def _common_prefix_str(a: str, b: str, n: int, known: int) -> int:
+    # startswith compares in place: only the probe (the rest of the shorter one, then half, a quarter, ... of the
+    # rest) is ever copied.
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    if longer.startswith(shorter[known:] if known else shorter, known):
         return n
-    lo, hi = 0, n
+    lo, hi = known, n
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a.startswith(b[lo:mid], lo):

@@ -83,7 +83,7 @@ from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
 from engine.simulate import client_call_ids, client_message, raw_request, reasoning_forced, turn_as_written
-from engine.tokenize import TokenizedText, Tokenizer, token_ids, tokenize_extending
+from engine.tokenize import TokenizedText, Tokenizer, known_agreement, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
 SESSIONS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "sessions"
@@ -691,7 +691,7 @@ def simulate_session(
         edits: dict[str, tuple[Edit, ...]] = {}
         if engine_side is not None:
             prompt, to_render, written, edits = engine_side.request(messages, tools, n, step)
-            prompt_state = last = tokenize_extending(tokenizer, prompt.text, last)
+            prompt_state = last = tokenize_extending(tokenizer, prompt.text, last, known_agreement(prompt, last))
             prompt_ids = sequence_ids = prompt_state.ids
             if written is not None:
                 sequence_ids = SharedSequence(prompt_ids, prompt_ids.length, np.asarray(written.ids, dtype=np.int32))
@@ -699,10 +699,12 @@ def simulate_session(
                                       written)
         elif history == "template":
             prompt = sequence = render(messages, tools, True)
-            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last)
+            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last,
+                                                                      known_agreement(prompt, last))
             if reply:
                 sequence = render(messages + [reply], tools, False)
-                sequence_state = last = tokenize_extending(tokenizer, sequence.text, prompt_state)
+                sequence_state = last = tokenize_extending(tokenizer, sequence.text, prompt_state,
+                                                           known_agreement(sequence, prompt_state))
             prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
             views = _template_views(model, render, messages, tools, prompt, prompt_state, reply, sequence,
                                     sequence_state)
@@ -723,7 +725,8 @@ def simulate_session(
                                  (lambda q=sequence: q), _retokenized(tokenizer, sequence_state.chars))
         reuse = index.reuse(prompt_ids)
         decode = None
-        if reply and (engine_side is not None or sequence.text.startswith(prompt.text)):
+        # The sequence's text was tokenized from the prompt's: it keeps all of it exactly when it starts with it.
+        if reply and (engine_side is not None or sequence_state.chars.keep == len(prompt.text)):
             decode = sequence_ids.length - prompt_ids.length
         elif reply:  # the template re-rendered the history once the reply was added (_decode_tokens)
             decode = _decode_tokens(views.prompt_render, views.prompt_tokenized, views.sequence_render,

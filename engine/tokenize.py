@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.prefix import SharedSequence, common_prefix
-from engine.types import Tokens
+from engine.types import Rendered, Tokens
 
 
 class Tokenizer(Protocol):
@@ -418,8 +418,9 @@ class SegmentCachedTokenizer:
             out = cut
         return out, first_pass
 
-    def encode_extending(self, text: str, previous: TokenizedText | None = None) -> TokenizedText:
-        """`encode_ids(text)`, reusing what `previous` (another text tokenized this way) shares with it.
+    def encode_extending(self, text: str, previous: TokenizedText | None = None, known: int = 0) -> TokenizedText:
+        """`encode_ids(text)`, reusing what `previous` (another text tokenized this way) shares with it; the first
+        `known` characters of the two are known to agree (`known_agreement`), so only the rest is compared.
 
         The first pass finds added tokens leftmost-longest, and deciding whether one starts at position p reads
         at most the longest added token's length from p. So where the two texts agree before character d, the
@@ -429,8 +430,8 @@ class SegmentCachedTokenizer:
         afresh. The result is the same ids as tokenizing `text` whole (tests/test_tokenize_segments.py).
         """
         if not self.plan.proven or not self.plan.passes:
-            return _tokenized_whole(self.inner, text, previous)
-        shared = common_prefix(previous.text, text) if previous is not None else 0
+            return _tokenized_whole(self.inner, text, previous, known)
+        shared = common_prefix(previous.text, text, known) if previous is not None else 0
         chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
         kept = 0
         if previous is not None:
@@ -510,16 +511,28 @@ def library_ids(inner: Tokenizer) -> Callable[[str], tuple[int, ...]]:
     return lambda text: inner.encode(text).ids
 
 
-def tokenize_extending(tokenizer: Tokenizer, text: str, previous: TokenizedText | None = None) -> TokenizedText:
+def tokenize_extending(tokenizer: Tokenizer, text: str, previous: TokenizedText | None = None,
+                       known: int = 0) -> TokenizedText:
     """`text` tokenized whole, reusing what it shares with `previous` where the tokenizer proves that equal
-    (`SegmentCachedTokenizer.encode_extending`); any other tokenizer tokenizes the whole text."""
+    (`SegmentCachedTokenizer.encode_extending`); any other tokenizer tokenizes the whole text. The first `known`
+    characters of `text` and `previous.text` are known to agree (`known_agreement`)."""
     extending = getattr(tokenizer, "encode_extending", None)
-    return extending(text, previous) if extending is not None else _tokenized_whole(tokenizer, text, previous)
+    return extending(text, previous, known) if extending is not None else \
+        _tokenized_whole(tokenizer, text, previous, known)
 
 
-def _tokenized_whole(tokenizer: Tokenizer, text: str, previous: TokenizedText | None) -> TokenizedText:
+def known_agreement(rendered: Rendered, previous: TokenizedText | None) -> int:
+    """How many leading characters `rendered` is known to share with the text `previous` tokenized, from how the
+    two were rendered (`Rendered.known_prefix`, about that very text object), without comparing them: 0 when
+    nothing is known."""
+    known = rendered.known_prefix
+    return known[1] if known is not None and previous is not None and known[0] is previous.text else 0
+
+
+def _tokenized_whole(tokenizer: Tokenizer, text: str, previous: TokenizedText | None,
+                     known: int = 0) -> TokenizedText:
     """`text` tokenized whole by `tokenizer`, nothing reused but the characters it shares with `previous`."""
-    shared = common_prefix(previous.text, text) if previous is not None else 0
+    shared = common_prefix(previous.text, text, known) if previous is not None else 0
     chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
     ids = SharedSequence(None, 0, np.asarray(tokenizer.encode(text).ids, dtype=np.int32))
     return TokenizedText(text, chars, ids, _NO_MARKS, _NO_MARKS, _NO_MARKS)

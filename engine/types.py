@@ -135,6 +135,9 @@ class Rendered:
     source_path: str = ""  # the template file name, or the encoder module's file name
     origin: str = ""  # e.g. "template qwen3.6", "encoder deepseek-v4", "openai-harmony 0.0.8"
     provenance: Callable[[], Provenance] | None = field(default=None, repr=False, compare=False)
+    # (an earlier render's text, n): this text's first n characters are that one's, known from how both were
+    # rendered, so a comparison of the two can start at n (engine.render.incremental). Not pickled.
+    known_prefix: tuple[str, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         given = self.__dict__["_message_index"] is not None and self.__dict__["_source_line"] is not None
@@ -159,7 +162,7 @@ class Rendered:
     def __getstate__(self) -> dict:
         # Pickled or deep-copied with its provenance computed: the function is a closure over a renderer.
         self._compute_provenance()
-        return dict(self.__dict__)
+        return {**self.__dict__, "known_prefix": None}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from engine.bench import clear_run_caches, long_session_script
 from engine.errors import ExplorerError, RenderError
 from engine.matrix import default_request, run_matrix
 from engine.models import load_model, model_ids
+from engine.prefix import common_prefix
 from engine.render.jinja import JinjaRenderer
 from engine.session import (
     StepRewrite,
@@ -57,6 +58,7 @@ class Compared:
         self.renders = 0  # asked for
         self.compared = 0  # rendered, and compared with the full render (the others raised in both)
         self.mismatches: list[str] = []
+        self.known: list[tuple[str, str, int]] = []  # (previous text, text, the prefix the render says they share)
 
     def __call__(self, messages, tools, *, add_generation_prompt, kwargs=None):
         renderer = self.renderer
@@ -73,9 +75,16 @@ class Compared:
         chat, variables = renderer.template_context(messages, tools, add_generation_prompt, kwargs)
         full = renderer._text_template.render(messages=chat, **variables)
         self.compared += 1
+        where = f"{renderer.model}: render {self.renders} ({len(messages)} messages, generation prompt " \
+            f"{add_generation_prompt}, kwargs {kwargs})"
         if rendered.text != full and len(self.mismatches) < 3:
-            self.mismatches.append(f"{renderer.model}: render {self.renders} ({len(messages)} messages, generation "
-                                   f"prompt {add_generation_prompt}, kwargs {kwargs}) differs from the full render")
+            self.mismatches.append(f"{where} differs from the full render")
+        if rendered.known_prefix is not None:  # what it says it shares with the previous render, it shares
+            previous, known = rendered.known_prefix
+            self.known.append((previous, rendered.text, known))
+            if not (0 <= known <= min(len(previous), len(rendered.text)) and
+                    rendered.text[:known] == previous[:known]) and len(self.mismatches) < 3:
+                self.mismatches.append(f"{where} does not share the {known} characters it says it does")
         return rendered
 
 
@@ -151,6 +160,28 @@ def test_every_session_request_renders_as_the_full_render(model_id: str) -> None
         assert stats["fell_back"] == 0
         if model_id not in LOOKS_AHEAD:
             assert stats["iterations_replayed"] > 5 * stats["iterations_executed"] > 0
+
+
+@pytest.mark.parametrize("model_id", ["qwen3.6", "glm-5.1"])
+def test_a_render_knows_what_it_shares_with_the_previous_one_up_to_the_last_turn(model_id: str) -> None:
+    """Each request of a long session says how many characters it shares with the render before it, from the
+    pieces both are made of: so the simulator compares what is new, not the history. What it leaves to compare is
+    the same at every request: the generation prompt a sequence's reply repeats, nothing of a sequence a prompt
+    extends."""
+    calls = 30
+    script = session_from_json(long_session_script(calls), "long")
+    model = load_model(model_id)
+    messages, tools = _request_input(script, 1, script.request_steps[0], ())
+    without, with_prompt = (model.renderer.render(messages, tools, add_generation_prompt=g).text for g in (False, True))
+    generation_prompt = with_prompt[len(without):]
+    with compared([model_id]) as wrappers:
+        simulate_session(model, script)
+    assert_equal(wrappers)
+    known = wrappers[model_id].known
+    assert len(known) == 2 * calls + 1  # every render but the first: 31 prompts, then 30 sequences
+    unknown = [common_prefix(previous, text) - agreed for previous, text, agreed in known]
+    assert unknown == [len(generation_prompt), 0] * calls + [len(generation_prompt)]
+    assert len(generation_prompt) == {"qwen3.6": 30, "glm-5.1": 20}[model_id]
 
 
 def test_default_matrix_renders_as_the_full_render() -> None:

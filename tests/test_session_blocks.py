@@ -215,4 +215,8 @@ def test_shared_sequences_slice_and_compare_like_tuples(seed: int) -> None:
         assert shared[x].materialize() == plain[x] and len(shared[x]) == len(plain[x])
         assert shared_common_prefix(shared[x], shared[y]) == common_prefix(plain[x], plain[y])
         text_x, text_y = "".join(map(str, plain[x])), "".join(map(str, plain[y]))
-        assert common_prefix(text_x, text_y) == common_prefix(plain[x], plain[y])
+        lcp = next((i for i, (a, b) in enumerate(zip(plain[x], plain[y])) if a != b), min(len(plain[x]),
+                                                                                        len(plain[y])))
+        assert common_prefix(text_x, text_y) == common_prefix(plain[x], plain[y]) == lcp
+        known = rng.randint(0, lcp)  # what a caller knows agrees: only the rest is compared, the same answer
+        assert common_prefix(text_x, text_y, known) == common_prefix(plain[x], plain[y], known) == lcp

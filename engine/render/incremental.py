@@ -40,7 +40,7 @@ import threading
 import types
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 from jinja2 import nodes
@@ -378,7 +378,10 @@ class _LoopRun:
 
     def _finish(self, record: _Record) -> None:
         state = self.state
-        self.new.out[record.position] = "".join(state.out[record.start:])
+        # The iteration's text as one piece, the piece a later render's replay of it hands over (the same object).
+        text = "".join(state.out[record.start:])
+        state.out[record.start:] = [text]
+        self.new.out[record.position] = text
         record.values = {key: _attrs(self.namespaces[key[0]]).get(key[1], _ABSENT) for key in record.writes}
         self.segments.append(record)
         self.current = state.record = None
@@ -673,6 +676,35 @@ def _reachable_macros(node: nodes.For, defined: list[nodes.Macro]) -> list[nodes
     return list(reached.values())
 
 
+class TextRender(NamedTuple):
+    """A render's text and what is known of it: (the previous render's text in this thread, how many leading
+    characters the two share at least)."""
+
+    text: str
+    known_prefix: tuple[str, int] | None
+
+
+def _pieces_agreeing(a: list[str], b: list[str]) -> int:
+    """How many leading pieces of `a` and `b` are equal. List comparison skips identical objects at C speed; two
+    renders of a growing history differ in their last pieces, so the search runs down from the end."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    good, bad, step = 0, n, 1  # a[:good] == b[:good]; a[:bad] != b[:bad]
+    while bad - step > good:
+        if a[:bad - step] == b[:bad - step]:
+            good = bad - step
+            break
+        bad, step = bad - step, step * 2
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if a[good:mid] == b[good:mid]:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
 class IncrementalText:
     """The text render of one template, resuming its top-level loops over the messages (see the module doc).
 
@@ -872,7 +904,7 @@ class IncrementalText:
     def _memo(self) -> dict[int, list[_Run]]:
         local = self._local
         if getattr(local, "generation", None) != self.generation:
-            local.generation, local.memo = self.generation, {}
+            local.generation, local.memo, local.last = self.generation, {}, None
         return local.memo
 
     def clear(self) -> None:
@@ -880,7 +912,7 @@ class IncrementalText:
         self.generation += 1
         self.executed = self.replayed = self.renders = self.fallbacks = self.raised = 0
 
-    def render(self, chat: list[dict], variables: dict) -> str | None:
+    def render(self, chat: list[dict], variables: dict) -> TextRender | None:
         """The template's text for these messages and variables, or None: render it in full."""
         template = self.template
         if template is None:
@@ -909,7 +941,15 @@ class IncrementalText:
             memo[index] = [loop.finished_run(), *kept][:4]
         self.executed += state.executed
         self.replayed += state.replayed
-        return template.environment.concat(state.out)
+        pieces = list(filter(None, state.out))  # without the empty texts (a loop that prints nothing replays them)
+        text = template.environment.concat(pieces)
+        last, self._local.last = self._local.last, (pieces, text)
+        if last is None:
+            return TextRender(text, None)
+        # The pieces this render has in common with the previous one (mostly the same objects: replayed records)
+        # say how far the two texts agree, without reading the characters of a history of any length.
+        agreeing = _pieces_agreeing(last[0], pieces)
+        return TextRender(text, (last[1], len(text) - sum(map(len, pieces[agreeing:]))))
 
     def stats(self) -> dict[str, int]:
         return {"loops_memoised": len(self.loops), "loops_in_full": list(self.skipped), "renders": self.renders,

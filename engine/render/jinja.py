@@ -340,13 +340,15 @@ class JinjaRenderer:
             # A subclass watching every output through `_record` (the sandbox's output-size limit) needs the
             # recording render itself, and reads the provenance right after anyway.
             return self._render_recorded(chat, variables)
-        text = self._incremental.render(chat, variables)
-        if text is None:  # outside the incremental path's class, or it could not record this render: in full
-            text = self._guarded(lambda: self._text_template.render(messages=chat, **variables))
+        incremental = self._incremental.render(chat, variables)
+        if incremental is None:  # outside the incremental path's class, or it could not record this render: in full
+            text, known_prefix = self._guarded(lambda: self._text_template.render(messages=chat, **variables)), None
+        else:
+            text, known_prefix = incremental
         # `chat` and `variables` are fresh plain copies (template_context), so the caller's later edits to its
         # messages cannot reach the recording render.
         return Rendered(text=text, source_path=self.source_path, origin=self.origin,
-                        provenance=lambda: self._provenance_of(text, chat, variables))
+                        provenance=lambda: self._provenance_of(text, chat, variables), known_prefix=known_prefix)
 
     @property
     def _records_every_output(self) -> bool:
