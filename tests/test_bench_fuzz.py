@@ -148,7 +148,9 @@ def test_bench_json_contract() -> None:
     assert sessions["points"][-1]["last_prompt_tokens"] == \
         simulate_session(load_model("qwen3.5"), script).rows[-1].prompt_tokens
     for point in sessions["points"]:
-        assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "new_characters",
+        assert point["runs"] == 1  # --repeat 1
+        assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "runs",
+                              "new_characters",
                               "new_tokens", "wall_s", "render_s", "floor_s", "ratio_to_floor",
                               "ratio_to_render_and_floor", "simulator_s", "simulator_ratio_to_floor", "peak_rss_mb",
                               "rss_after_loading_mb", "rss_with_report_mb", "incremental_render"}

@@ -216,6 +216,7 @@ class _Run:
     message_highest: list = field(default_factory=list)  # ... and the highest i each read
     reads: dict = field(default_factory=dict)  # (slot, attribute) -> positions that read it before writing it
     writes: dict = field(default_factory=dict)  # (slot, attribute) -> (positions, values)
+    printed: bool = False  # whether any position's text is not empty (a scan that prints nothing replays nothing)
 
 
 _KINDS = ("anti", "end", "next", "whole_messages")
@@ -380,8 +381,9 @@ class _LoopRun:
         state = self.state
         # The iteration's text as one piece, the piece a later render's replay of it hands over (the same object).
         text = "".join(state.out[record.start:])
-        state.out[record.start:] = [text]
+        state.out[record.start:] = [text] if text else []
         self.new.out[record.position] = text
+        self.new.printed = self.new.printed or bool(text)
         record.values = {key: _attrs(self.namespaces[key[0]]).get(key[1], _ABSENT) for key in record.writes}
         self.segments.append(record)
         self.current = state.record = None
@@ -455,7 +457,9 @@ class _LoopRun:
         lo, hi = (c, c + m) if self.forward else (c - m + 1, c + 1)
         texts = old.out[lo:hi]
         self.new.out[lo:hi] = texts
-        state.out.extend(texts if self.forward else reversed(texts))
+        if old.printed:  # otherwise every text is empty; an empty one is no piece (`_finish`)
+            state.out.extend(filter(None, texts if self.forward else reversed(texts)))
+            self.new.printed = True
         for (slot, attribute), (positions, values) in old.writes.items():
             a, b = _between(positions, lo, hi)
             if a < b:
@@ -920,6 +924,7 @@ class IncrementalText:
         messages = RecordedMessages(chat)
         state = _RenderState(messages)
         previous, _ACTIVE.render = _ACTIVE.render, state
+        context = None
         try:
             context = template.new_context({**variables, "messages": messages})
             out = state.out
@@ -930,18 +935,26 @@ class IncrementalText:
             return None
         finally:
             _ACTIVE.render = previous
+            # The render's reference cycles (a macro's closure holds the context that holds the macro; the loops
+            # and the state hold each other), broken so that refcounting frees a render's lists at once, not the
+            # garbage collector, which would walk each history-long list again at every collection.
+            if context is not None:
+                context.vars.clear()
+                context.exported_vars.clear()
+            loops, state.loop, state.record = list(state.finished), None, None
+            state.finished.clear()
         self.renders += 1
         if state.refused is not None:
             self.fallbacks += 1
             return None
         memo = self._memo()
-        for loop in state.finished:
+        for loop in loops:
             index = loop.spec.index
             kept = [r for r in memo.get(index, ()) if r is not loop.old]
             memo[index] = [loop.finished_run(), *kept][:4]
         self.executed += state.executed
         self.replayed += state.replayed
-        pieces = list(filter(None, state.out))  # without the empty texts (a loop that prints nothing replays them)
+        pieces = state.out  # each iteration, executed or replayed, is one piece: the same from render to render
         text = template.environment.concat(pieces)
         last, self._local.last = self._local.last, (pieces, text)
         if last is None:
