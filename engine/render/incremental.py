@@ -293,7 +293,9 @@ class _LoopRun:
         self.length_is_position = spec.length_is_position
         self.iterable = iterable
         self.n = n = list.__len__(iterable)
-        self.items = iterable if forward else list.__getitem__(iterable, slice(None, None, -1))
+        # By position: a loop over `messages[::-1]` (never reassigned: checked) reads the chat's own items.
+        self.items = iterable if forward else state.chat if spec.over_messages else \
+            list.__getitem__(iterable, slice(None, None, -1))
         local = frame.f_locals
         context = local["context"]
         # The outer names' values. A namespace stands as its name, its slot: its attributes are compared as they
