@@ -148,7 +148,7 @@ def test_bench_json_contract() -> None:
     assert sessions["points"][-1]["last_prompt_tokens"] == \
         simulate_session(load_model("qwen3.5"), script).rows[-1].prompt_tokens
     for point in sessions["points"]:
-        assert point["runs"] == 1  # --repeat 1
+        assert 1 <= point["runs"] <= 20  # --repeat 1, and more of a short session, up to a second of them
         assert set(point) == {"model", "calls", "requests", "last_prompt_tokens", "prompt_tokens", "runs",
                               "new_characters",
                               "new_tokens", "wall_s", "render_s", "floor_s", "ratio_to_floor",
