@@ -97,6 +97,23 @@ def test_a_release_without_the_renderer_cannot_serve_the_model():
     assert run_cell("deepseek-v4", "tool-call", "sglang@0.5.11").status == "unavailable"
 
 
+def test_vllm_0_16_renders_through_its_own_hf_renderer():
+    """0.15-0.16's HfRenderer keeps the tokenizer behind a read-only property and the model config as `config`:
+    the glue sets what that release's __init__ sets, and the next prompt is the one the release renders."""
+    from engine.serving.proof import prove_cell
+
+    need("vllm@0.16.0")
+    for scenario in ("tool-call", "no-tools-next-user", "parallel-tool-calls"):
+        proofs = list(prove_cell("qwen3.6", scenario, "vllm@0.16.0"))
+        assert [p.equal for p in proofs] == [True], scenario
+    cell = run_cell("qwen3.6", "tool-call", "vllm@0.16.0")
+    assert (cell.status, cell.request_side) == (
+        "holds", "vllm 0.16.0 real code (vllm/renderers/hf.py HfRenderer.render_messages)")
+    glm = run_cell("glm-5.1", "tool-call", "vllm@0.16.0")
+    assert (glm.status, glm.cause.kind, glm.cause.location) == (
+        "breaks", "reasoning-dropped", "vllm/renderers/hf.py:632")
+
+
 def test_vllm_0_21_ignores_the_clients_reasoning_content():
     """The release's own request side: vLLM 0.20-0.21 read only `reasoning`; 0.22.0's protocol renames the
     client's reasoning_content to reasoning again, and the history keeps its reasoning."""

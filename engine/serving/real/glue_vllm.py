@@ -253,12 +253,24 @@ class Glue:
             return encoder_reply(prompt["prompt"], calls, encoder, self.root, job)
         _real_template_parser(renderer_module)
         tokenizer.chat_template = job.get("chat_template")
-        renderer = object.__new__(renderer_module.HfRenderer)
-        renderer.model_config, renderer.tokenizer, renderer.use_unified_vision_chunk = config, tokenizer, False
+        renderer = _hf_renderer(renderer_module.HfRenderer, config, tokenizer)
         tokenizer.calls.clear()
         renderer.render_messages(request.messages, params)
         entry = _entry(renderer_module.HfRenderer.render_messages, self.root)
         return {**tokenizer.last_template_call(), "entry": entry}
+
+
+def _hf_renderer(renderer_class: type, config: Any, tokenizer: Any) -> Any:
+    """The release's HfRenderer with what its __init__ sets, but the tokenizer it would load: from 0.17 it keeps
+    `model_config` and `tokenizer`; 0.15-0.16 keep the model config as `config` and the tokenizer as `_tokenizer`,
+    behind a read-only `tokenizer` property."""
+    renderer = object.__new__(renderer_class)
+    renderer.use_unified_vision_chunk = False
+    if isinstance(inspect.getattr_static(renderer_class, "tokenizer", None), property):
+        renderer.config, renderer._tokenizer = config, tokenizer
+    else:
+        renderer.model_config, renderer.tokenizer = config, tokenizer
+    return renderer
 
 
 def _entry(function: Any, root: Path) -> str:
