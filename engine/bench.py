@@ -548,7 +548,8 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
                  progress: Callable[[str], None] | None = None, timeout_s: float = 1800,
                  repeat: int = 3, processes: int = 2) -> dict[str, Any]:
     """Long agent sessions (`long_session_script`): each (model, calls) point measured in a fresh process (the
-    fastest of `repeat` runs, as every figure of the bench), the faster of `processes` such processes; and per
+    fastest of `repeat` runs, as every figure of the bench), the faster of `processes` such processes (in rounds
+    over every point); and per
     model the growth exponents of wall, of the renders, of the rest, of the session with its renders replayed, and
     of the memory the session adds (RSS with its report held, less RSS after loading the model)."""
     import json
@@ -559,26 +560,27 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
     points: list[dict[str, Any]] = []
     code = ("import json, sys; from engine.bench import long_session_point; "
             "print(json.dumps(long_session_point(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))")
-    for model_id in models:
-        for n in calls:
-            tried: list[dict[str, Any]] = []
-            # Fresh processes, the fastest kept: the same work runs up to a quarter slower in one process than in
-            # the next on a shared machine (the floor too), which runs inside a process do not even out.
-            for _ in range(processes):
-                if progress:
-                    progress(f"long session: {model_id}, {n} tool calls (a fresh process)")
-                try:
-                    run = subprocess.run([sys.executable, "-c", code, model_id, str(n), str(repeat)], cwd=root,
-                                         capture_output=True, text=True, timeout=timeout_s)
-                    point = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else \
-                        {"model": model_id, "calls": n, "error": (run.stderr.strip().splitlines() or ["failed"])[-1]}
-                except subprocess.TimeoutExpired:
-                    point = {"model": model_id, "calls": n, "error": f"took over {timeout_s:.0f} s"}
-                tried.append(point)
-                if "error" in point:
-                    break
-            errors = [p for p in tried if "error" in p]
-            points.append(errors[0] if errors else {**min(tried, key=lambda p: p["wall_s"]), "processes": len(tried)})
+    tried: dict[tuple[str, int], list[dict[str, Any]]] = {(m, n): [] for m in models for n in calls}
+    # Fresh processes, the fastest kept: the same work runs up to a quarter slower in one process than in the next
+    # on a shared machine (the floor too), which runs inside a process do not even out; the rounds go through every
+    # point in turn, so that a slow minute of the machine does not fall on both of one point's processes.
+    for _ in range(max(processes, 1)):
+        for (model_id, n), mine in tried.items():
+            if mine and "error" in mine[-1]:
+                continue
+            if progress:
+                progress(f"long session: {model_id}, {n} tool calls (a fresh process)")
+            try:
+                run = subprocess.run([sys.executable, "-c", code, model_id, str(n), str(repeat)], cwd=root,
+                                     capture_output=True, text=True, timeout=timeout_s)
+                point = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else \
+                    {"model": model_id, "calls": n, "error": (run.stderr.strip().splitlines() or ["failed"])[-1]}
+            except subprocess.TimeoutExpired:
+                point = {"model": model_id, "calls": n, "error": f"took over {timeout_s:.0f} s"}
+            mine.append(point)
+    for mine in tried.values():
+        errors = [p for p in mine if "error" in p]
+        points.append(errors[0] if errors else {**min(mine, key=lambda p: p["wall_s"]), "processes": len(mine)})
     exponents: dict[str, dict[str, float | None]] = {}
     for model_id in models:
         mine = [p for p in points if p["model"] == model_id and "error" not in p]
