@@ -321,7 +321,9 @@ class _LoopRun:
         self.serial = len(state.created)
         slots = frozenset(self.namespaces)
         self.old = spec.previous(self.outer, slots)
-        self.new = _Run(self.items, state.chat, self.outer, slots, entry, [None] * n)
+        # After a run that printed nothing, every replayed text is empty: the new run's start so (`_replay`).
+        silent = self.old is not None and not self.old.printed
+        self.new = _Run(self.items, state.chat, self.outer, slots, entry, [""] * n if silent else [None] * n)
         self.segments: list[tuple[int, int] | _Record] = []  # in iteration order: replayed ranges, executed records
         old = self.old
         if old is not None:
@@ -457,9 +459,9 @@ class _LoopRun:
     def _replay(self, c: int, m: int) -> None:
         old, state = self.old, self.state
         lo, hi = (c, c + m) if self.forward else (c - m + 1, c + 1)
-        texts = old.out[lo:hi]
-        self.new.out[lo:hi] = texts
-        if old.printed:  # otherwise every text is empty; an empty one is no piece (`_finish`)
+        if old.printed:  # otherwise every text is empty, as the new run's already are; an empty one is no piece
+            texts = old.out[lo:hi]
+            self.new.out[lo:hi] = texts
             state.out.extend(filter(None, texts if self.forward else reversed(texts)))
             self.new.printed = True
         for (slot, attribute), (positions, values) in old.writes.items():
@@ -694,14 +696,14 @@ def _pieces_agreeing(a: list[str], b: list[str]) -> int:
     """How many leading pieces of `a` and `b` are equal. List comparison skips identical objects at C speed; two
     renders of a growing history differ in their last pieces, so the search runs down from the end."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    good, bad, step = 0, n, 1  # a[:good] == b[:good]; a[:bad] != b[:bad]
+    good, bad, step = 0, n + 1, 1  # a[:good] == b[:good]; a[:bad] != b[:bad] (n + 1: not known yet)
     while bad - step > good:
-        if a[:bad - step] == b[:bad - step]:
-            good = bad - step
+        j = bad - step
+        # A window whose last pieces differ cannot agree: only a window that may is compared whole.
+        if a[j - 1] == b[j - 1] and a[:j] == b[:j]:
+            good = j
             break
-        bad, step = bad - step, step * 2
+        bad, step = j, step * 2
     while bad - good > 1:
         mid = (good + bad) // 2
         if a[good:mid] == b[good:mid]:
