@@ -14,11 +14,57 @@ from typing import Any
 import numpy as np
 
 
-def common_prefix(a: Sequence, b: Sequence, known: int = 0) -> int:
-    """Length of the longest common prefix of `a` and `b` (lists, tuples or strings), given that their first
-    `known` items agree (the caller knows it without comparing them: only the rest is read)."""
+class JoinedText:
+    """A string kept as the pieces a render made it of, joined only when read whole (`str`): two renders of a long
+    history that are known to agree up to some character are compared, and tokenized, from there on (`tail`), so
+    a request reads what is new in it, not the history. Immutable; the pieces are not copied."""
+
+    __slots__ = ("length", "_pieces", "_joined")
+
+    def __init__(self, pieces: list[str], length: int) -> None:
+        self.length = length
+        self._pieces: list[str] | None = pieces
+        self._joined: str | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __str__(self) -> str:
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = "".join(self._pieces or ())
+            self._pieces = None
+        return joined
+
+    def tail(self, start: int) -> str:
+        """`str(self)[start:]`, from the last pieces only."""
+        pieces, start = self._pieces, max(start, 0)
+        if pieces is None:
+            return str(self)[start:]
+        out: list[str] = []
+        end = self.length
+        for piece in reversed(pieces):
+            if end <= start:
+                break
+            begin = end - len(piece)
+            out.append(piece[start - begin:] if begin < start else piece)
+            end = begin
+        out.reverse()
+        return "".join(out)
+
+
+def text_tail(text: str | JoinedText, start: int) -> str:
+    """`text[start:]` of a str or a JoinedText."""
+    return text[start:] if isinstance(text, str) else text.tail(start)
+
+
+def common_prefix(a: Sequence | JoinedText, b: Sequence | JoinedText, known: int = 0) -> int:
+    """Length of the longest common prefix of `a` and `b` (lists, tuples, strings or JoinedTexts), given that their
+    first `known` items agree (the caller knows it without comparing them: only the rest is read)."""
     n = min(len(a), len(b))
     known = min(max(known, 0), n)
+    if type(a) is JoinedText or type(b) is JoinedText:
+        return known + common_prefix(text_tail(a, known), text_tail(b, known))  # type: ignore[arg-type]
     if isinstance(a, str) and isinstance(b, str):
         return _common_prefix_str(a, b, n, known)
     if a[known:n] == b[known:n]:

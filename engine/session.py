@@ -699,11 +699,13 @@ def simulate_session(
                                       written)
         elif history == "template":
             prompt = sequence = render(messages, tools, True)
-            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text, last,
+            # Each text as the render made it (its pieces, joined only if a view reads it), compared and tokenized
+            # from where it is known to agree with the one before.
+            prompt_state = sequence_state = last = tokenize_extending(tokenizer, prompt.text_source, last,
                                                                       known_agreement(prompt, last))
             if reply:
                 sequence = render(messages + [reply], tools, False)
-                sequence_state = last = tokenize_extending(tokenizer, sequence.text, prompt_state,
+                sequence_state = last = tokenize_extending(tokenizer, sequence.text_source, prompt_state,
                                                            known_agreement(sequence, prompt_state))
             prompt_ids, sequence_ids = prompt_state.ids, sequence_state.ids
             views = _template_views(model, render, messages, tools, prompt, prompt_state, reply, sequence,
@@ -726,7 +728,7 @@ def simulate_session(
         reuse = index.reuse(prompt_ids)
         decode = None
         # The sequence's text was tokenized from the prompt's: it keeps all of it exactly when it starts with it.
-        if reply and (engine_side is not None or sequence_state.chars.keep == len(prompt.text)):
+        if reply and (engine_side is not None or sequence_state.chars.keep == len(prompt.text_source)):
             decode = sequence_ids.length - prompt_ids.length
         elif reply:  # the template re-rendered the history once the reply was added (_decode_tokens)
             decode = _decode_tokens(views.prompt_render, views.prompt_tokenized, views.sequence_render,

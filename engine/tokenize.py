@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.prefix import SharedSequence, common_prefix
+from engine.prefix import JoinedText, SharedSequence, common_prefix, text_tail
 from engine.types import Rendered, Tokens
 
 
@@ -312,7 +312,7 @@ class TokenizedText:
     the same way reuses it: the text, its characters and ids as `SharedSequence`s (sharing what they have in common
     with the text before), and where the first pass found added tokens (start, end, ids up to the end)."""
 
-    text: str
+    text: str | JoinedText
     chars: SharedSequence
     ids: SharedSequence
     match_starts: np.ndarray
@@ -418,7 +418,8 @@ class SegmentCachedTokenizer:
             out = cut
         return out, first_pass
 
-    def encode_extending(self, text: str, previous: TokenizedText | None = None, known: int = 0) -> TokenizedText:
+    def encode_extending(self, text: str | JoinedText, previous: TokenizedText | None = None,
+                         known: int = 0) -> TokenizedText:
         """`encode_ids(text)`, reusing what `previous` (another text tokenized this way) shares with it; the first
         `known` characters of the two are known to agree (`known_agreement`), so only the rest is compared.
 
@@ -432,13 +433,13 @@ class SegmentCachedTokenizer:
         if not self.plan.proven or not self.plan.passes:
             return _tokenized_whole(self.inner, text, previous, known)
         shared = common_prefix(previous.text, text, known) if previous is not None else 0
-        chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
+        chars = SharedSequence(previous.chars if previous is not None else None, shared, text_tail(text, shared))
         kept = 0
         if previous is not None:
             kept = int(np.searchsorted(previous.match_starts, shared - self._first_pass_reach, side="right"))
         keep_chars = int(previous.match_ends[kept - 1]) if kept else 0
         keep_tokens = int(previous.token_ends[kept - 1]) if kept else 0
-        pieces, first_pass = self._cut(text[keep_chars:], keep_chars)
+        pieces, first_pass = self._cut(text_tail(text, keep_chars), keep_chars)
         tail: list[int] = []
         token_end: dict[int, int] = {}  # end of a first-pass match -> ids before it
         for start, piece, token in pieces:
@@ -511,7 +512,7 @@ def library_ids(inner: Tokenizer) -> Callable[[str], tuple[int, ...]]:
     return lambda text: inner.encode(text).ids
 
 
-def tokenize_extending(tokenizer: Tokenizer, text: str, previous: TokenizedText | None = None,
+def tokenize_extending(tokenizer: Tokenizer, text: str | JoinedText, previous: TokenizedText | None = None,
                        known: int = 0) -> TokenizedText:
     """`text` tokenized whole, reusing what it shares with `previous` where the tokenizer proves that equal
     (`SegmentCachedTokenizer.encode_extending`); any other tokenizer tokenizes the whole text. The first `known`
@@ -529,12 +530,12 @@ def known_agreement(rendered: Rendered, previous: TokenizedText | None) -> int:
     return known[1] if known is not None and previous is not None and known[0] is previous.text else 0
 
 
-def _tokenized_whole(tokenizer: Tokenizer, text: str, previous: TokenizedText | None,
+def _tokenized_whole(tokenizer: Tokenizer, text: str | JoinedText, previous: TokenizedText | None,
                      known: int = 0) -> TokenizedText:
     """`text` tokenized whole by `tokenizer`, nothing reused but the characters it shares with `previous`."""
     shared = common_prefix(previous.text, text, known) if previous is not None else 0
-    chars = SharedSequence(previous.chars if previous is not None else None, shared, text[shared:])
-    ids = SharedSequence(None, 0, np.asarray(tokenizer.encode(text).ids, dtype=np.int32))
+    chars = SharedSequence(previous.chars if previous is not None else None, shared, text_tail(text, shared))
+    ids = SharedSequence(None, 0, np.asarray(tokenizer.encode(str(text)).ids, dtype=np.int32))
     return TokenizedText(text, chars, ids, _NO_MARKS, _NO_MARKS, _NO_MARKS)
 
 

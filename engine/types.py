@@ -119,6 +119,24 @@ class _ComputedOnFirstRead:
         instance.__dict__[self._slot] = value
 
 
+class _JoinedOnFirstRead:
+    """`Rendered.text`: given as a str, or as the pieces a render made it of (engine.prefix.JoinedText), joined the
+    first time it is read. A session reads a render's text only from where it differs from the one before
+    (`Rendered.text_source`), so a long history is never joined twice a request."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, instance: Rendered | None, owner: type) -> str | None:
+        if instance is None:
+            return None  # no default: __post_init__ refuses a Rendered without a text
+        value = instance.__dict__[self._slot]
+        return value if isinstance(value, str) else str(value)  # a JoinedText keeps what it joined
+
+    def __set__(self, instance: Rendered, value: Any) -> None:
+        instance.__dict__[self._slot] = value
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A rendered prompt with provenance for every character.
@@ -129,22 +147,29 @@ class Rendered:
     of either; both are kept and the function is dropped once it has run.
     """
 
-    text: str
+    text: str = _JoinedOnFirstRead()  # type: ignore[assignment]
     message_index: tuple[int, ...] = _ComputedOnFirstRead()  # type: ignore[assignment]
     source_line: tuple[int, ...] = _ComputedOnFirstRead()  # type: ignore[assignment]
     source_path: str = ""  # the template file name, or the encoder module's file name
     origin: str = ""  # e.g. "template qwen3.6", "encoder deepseek-v4", "openai-harmony 0.0.8"
     provenance: Callable[[], Provenance] | None = field(default=None, repr=False, compare=False)
-    # (an earlier render's text, n): this text's first n characters are that one's, known from how both were
-    # rendered, so a comparison of the two can start at n (engine.render.incremental). Not pickled.
-    known_prefix: tuple[str, int] | None = field(default=None, repr=False, compare=False)
+    # (an earlier render's text, as its `text_source`, n): this text's first n characters are that one's, known from
+    # how both were rendered, so a comparison of the two can start at n (engine.render.incremental). Not pickled.
+    known_prefix: tuple[Any, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.__dict__["_text"] is None:
+            raise TypeError("Rendered needs a text")
         given = self.__dict__["_message_index"] is not None and self.__dict__["_source_line"] is not None
         if not given and self.provenance is None:
             raise TypeError("Rendered needs message_index and source_line, or a provenance function")
         if given:
             object.__setattr__(self, "provenance", None)
+
+    @property
+    def text_source(self) -> Any:
+        """The text as given: a str, or a JoinedText (its length and tails read without joining it)."""
+        return self.__dict__["_text"]
 
     @property
     def provenance_computed(self) -> bool:
@@ -162,7 +187,7 @@ class Rendered:
     def __getstate__(self) -> dict:
         # Pickled or deep-copied with its provenance computed: the function is a closure over a renderer.
         self._compute_provenance()
-        return {**self.__dict__, "known_prefix": None}
+        return {**self.__dict__, "_text": self.text, "known_prefix": None}
 
 
 @dataclass(frozen=True)

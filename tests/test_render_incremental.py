@@ -80,7 +80,7 @@ class Compared:
         if rendered.text != full and len(self.mismatches) < 3:
             self.mismatches.append(f"{where} differs from the full render")
         if rendered.known_prefix is not None:  # what it says it shares with the previous render, it shares
-            previous, known = rendered.known_prefix
+            previous, known = str(rendered.known_prefix[0]), rendered.known_prefix[1]
             self.known.append((previous, rendered.text, known))
             if not (0 <= known <= min(len(previous), len(rendered.text)) and
                     rendered.text[:known] == previous[:known]) and len(self.mismatches) < 3:

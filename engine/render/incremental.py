@@ -47,6 +47,7 @@ from jinja2 import nodes
 from jinja2.parser import Parser
 from jinja2.runtime import LoopContext, Macro, Namespace, missing
 
+from engine.prefix import JoinedText
 from engine.render.cache import request_key
 
 # Loop attributes a memoised body may read; how each depends on the position (below).
@@ -688,8 +689,8 @@ class TextRender(NamedTuple):
     """A render's text and what is known of it: (the previous render's text in this thread, how many leading
     characters the two share at least)."""
 
-    text: str
-    known_prefix: tuple[str, int] | None
+    text: JoinedText
+    known_prefix: tuple[JoinedText, int] | None
 
 
 def _pieces_agreeing(a: list[str], b: list[str]) -> int:
@@ -959,7 +960,8 @@ class IncrementalText:
         self.executed += state.executed
         self.replayed += state.replayed
         pieces = state.out  # each iteration, executed or replayed, is one piece: the same from render to render
-        text = template.environment.concat(pieces)
+        # The text as its pieces (Jinja's concat is a join), joined when read whole.
+        text = JoinedText(pieces, sum(map(len, pieces)))
         last, self._local.last = self._local.last, (pieces, text)
         if last is None:
             return TextRender(text, None)

@@ -34,6 +34,7 @@ from jinja2 import nodes  # noqa: E402
 from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 
 from engine.errors import RenderError  # noqa: E402
+from engine.prefix import JoinedText  # noqa: E402
 from engine.render.cache import request_key  # noqa: E402
 from engine.render.constructs import ConstructTable, Evaluation, InstrumentedTemplate  # noqa: E402
 from engine.render.incremental import IncrementalText  # noqa: E402
@@ -380,9 +381,9 @@ class JinjaRenderer:
         self._guarded(run)
         return self._assemble(rec.chunks, chat)
 
-    def _provenance_of(self, text: str, chat: list[dict], variables: dict) -> Provenance:
+    def _provenance_of(self, text: str | JoinedText, chat: list[dict], variables: dict) -> Provenance:
         recorded = self._render_recorded(chat, variables)
-        if recorded.text != text:
+        if recorded.text != str(text):
             # Only a template that reads the clock or draws random numbers can render differently twice.
             raise RenderError(f"{self.source_path} for model {self.model} rendered different text when run again "
                               "to record which message and line produced each character (does it read the clock "
