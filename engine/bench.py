@@ -549,9 +549,9 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
                  repeat: int = 3, processes: int = 2) -> dict[str, Any]:
     """Long agent sessions (`long_session_script`): each (model, calls) point measured in a fresh process (the
     fastest of `repeat` runs, as every figure of the bench), the faster of `processes` such processes (in rounds
-    over every point); and per
-    model the growth exponents of wall, of the renders, of the rest, of the session with its renders replayed, and
-    of the memory the session adds (RSS with its report held, less RSS after loading the model)."""
+    over every point); and per model the growth exponents of wall, of the renders, of the rest, of the session with
+    its renders replayed, and of the memory the session adds (RSS with its report held, less RSS after loading the
+    model)."""
     import json
     import subprocess
     from pathlib import Path

@@ -691,7 +691,8 @@ def simulate_session(
         edits: dict[str, tuple[Edit, ...]] = {}
         if engine_side is not None:
             prompt, to_render, written, edits = engine_side.request(messages, tools, n, step)
-            prompt_state = last = tokenize_extending(tokenizer, prompt.text, last, known_agreement(prompt, last))
+            prompt_state = last = tokenize_extending(tokenizer, prompt.text_source, last,
+                                                     known_agreement(prompt, last))
             prompt_ids = sequence_ids = prompt_state.ids
             if written is not None:
                 sequence_ids = SharedSequence(prompt_ids, prompt_ids.length, np.asarray(written.ids, dtype=np.int32))
