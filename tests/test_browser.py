@@ -271,16 +271,21 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     page.goto(app_url)
     page.get_by_role("link", name="Your traffic").click()
     page.get_by_text("Load what your server").first.wait_for()
-    page.locator("input[type=file]").first.set_input_files(str(ROOT / "samples" / "traces" / "sglang-0.5.23.log"))
     stored = page.get_by_text("Stored sglang-0.5.23.log")
-    try:
+
+    def upload_and_store() -> None:
+        page.locator("input[type=file]").first.set_input_files(str(ROOT / "samples" / "traces" / "sglang-0.5.23.log"))
+        # The uploader lists the file once the server has it; a click before that reruns the page without it.
+        page.locator("[data-testid='stFileUploader']").first.get_by_text("sglang-0.5.23.log").wait_for()
         page.get_by_role("button", name="Store and analyse").click()
+
+    try:
+        upload_and_store()
         try:
             stored.wait_for(timeout=30_000)
         except sync_api.TimeoutError:
-            # A click that lands while the browser is still sending the file to the server reruns the page without
-            # it (seen on a loaded machine after the other browser tests): the button is pressed once more.
-            page.get_by_role("button", name="Store and analyse").click()
+            # Seen on a loaded machine: the upload lost on a rerun, the uploader empty again. Once more, whole.
+            upload_and_store()
             stored.wait_for()
     except sync_api.TimeoutError:
         page.screenshot(path=str(SHOTS / "traffic-failed.png"), full_page=True)
