@@ -39,7 +39,7 @@ class JoinedText:
     def tail(self, start: int) -> str:
         """`str(self)[start:]`, from the last pieces only."""
         pieces, start = self._pieces, max(start, 0)
-        if pieces is None:
+        if pieces is None or start < self.length // 2:  # most of the text: joined once, kept, then sliced
             return str(self)[start:]
         out: list[str] = []
         end = self.length
