@@ -69,7 +69,28 @@ def common_prefix(a: Sequence | JoinedText, b: Sequence | JoinedText, known: int
         return _common_prefix_str(a, b, n, known)
     if a[known:n] == b[known:n]:
         return n
-    lo, hi = known, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
+    return _bisected(a, b, known, n)
+
+
+def common_prefix_from_end(a: list, b: list) -> int:
+    """`common_prefix` of two lists that usually differ only in their last items (the pieces of two renders of a
+    growing history): searched down from the end, so the usual case compares the lists once. List comparison skips
+    identical items at C speed."""
+    n = min(len(a), len(b))
+    good, bad, step = 0, n + 1, 1  # a[:good] == b[:good]; a[:bad] != b[:bad] (n + 1: not known yet)
+    while bad - step > good:
+        j = bad - step
+        # A window whose last items differ cannot agree: only a window that may is compared whole.
+        if a[j - 1] == b[j - 1] and a[:j] == b[:j]:
+            good = j
+            break
+        bad, step = j, step * 2
+    return _bisected(a, b, good, bad)
+
+
+def _bisected(a: Sequence, b: Sequence, lo: int, hi: int) -> int:
+    """The common prefix of `a` and `b`, given that a[:lo] == b[:lo] holds and a[:hi] == b[:hi] does not: by
+    bisection, comparing only the window between."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a[lo:mid] == b[lo:mid]:

@@ -13,7 +13,7 @@ import pytest
 
 from engine.errors import ExplorerError
 from engine.models import load_model
-from engine.prefix import JoinedText, SharedSequence, common_prefix, shared_common_prefix
+from engine.prefix import JoinedText, SharedSequence, common_prefix, common_prefix_from_end, shared_common_prefix
 from engine.session import (
     CHECKPOINT_POLICIES,
     CachedSequence,
@@ -220,6 +220,7 @@ def test_shared_sequences_slice_and_compare_like_tuples(seed: int) -> None:
         assert common_prefix(text_x, text_y) == common_prefix(plain[x], plain[y]) == lcp
         known = rng.randint(0, lcp)  # what a caller knows agrees: only the rest is compared, the same answer
         assert common_prefix(text_x, text_y, known) == common_prefix(plain[x], plain[y], known) == lcp
+        assert common_prefix_from_end(list(plain[x]), list(plain[y])) == lcp
         # A text kept as the pieces a render made it of: its tails and comparisons are the joined string's.
         cuts = sorted(rng.sample(range(len(text_x) + 1), min(len(text_x) + 1, rng.randint(0, 6))))
         pieces = [text_x[a:b] for a, b in zip([0, *cuts], [*cuts, len(text_x)])]

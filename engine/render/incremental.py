@@ -47,7 +47,7 @@ from jinja2 import nodes
 from jinja2.parser import Parser
 from jinja2.runtime import LoopContext, Macro, Namespace, missing
 
-from engine.prefix import JoinedText
+from engine.prefix import JoinedText, common_prefix_from_end
 from engine.render.cache import request_key
 
 # Loop attributes a memoised body may read; how each depends on the position (below).
@@ -693,27 +693,6 @@ class TextRender(NamedTuple):
     known_prefix: tuple[JoinedText, int] | None
 
 
-def _pieces_agreeing(a: list[str], b: list[str]) -> int:
-    """How many leading pieces of `a` and `b` are equal. List comparison skips identical objects at C speed; two
-    renders of a growing history differ in their last pieces, so the search runs down from the end."""
-    n = min(len(a), len(b))
-    good, bad, step = 0, n + 1, 1  # a[:good] == b[:good]; a[:bad] != b[:bad] (n + 1: not known yet)
-    while bad - step > good:
-        j = bad - step
-        # A window whose last pieces differ cannot agree: only a window that may is compared whole.
-        if a[j - 1] == b[j - 1] and a[:j] == b[:j]:
-            good = j
-            break
-        bad, step = j, step * 2
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if a[good:mid] == b[good:mid]:
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
 class IncrementalText:
     """The text render of one template, resuming its top-level loops over the messages (see the module doc).
 
@@ -967,7 +946,7 @@ class IncrementalText:
             return TextRender(text, None)
         # The pieces this render has in common with the previous one (mostly the same objects: replayed records)
         # say how far the two texts agree, without reading the characters of a history of any length.
-        agreeing = _pieces_agreeing(last[0], pieces)
+        agreeing = common_prefix_from_end(last[0], pieces)
         return TextRender(text, (last[1], len(text) - sum(map(len, pieces[agreeing:]))))
 
     def stats(self) -> dict[str, int]:
