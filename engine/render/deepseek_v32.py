@@ -45,14 +45,8 @@ class DeepSeekV32Encoder:
         origin = request["origin"]
         index: list[int] = []
         lines: list[int] = []
-        watched: dict[int, tuple[int, int]] = {}  # frame id -> (prompt length seen, line last started)
 
-        def record_growth(frame: FrameType) -> None:
-            seen, line = watched[id(frame)]
-            grown = frame.f_locals.get("prompt")
-            if not isinstance(grown, str) or len(grown) == seen:
-                return
-            watched[id(frame)] = (len(grown), line)
+        def record_growth(frame: FrameType, grown: str, seen: int, line: int) -> None:
             appended = len(grown) - seen
             if frame.f_code.co_name == "encode_messages":
                 if len(index) >= len(grown):
@@ -64,8 +58,7 @@ class DeepSeekV32Encoder:
             index.extend([owner] * appended)
             lines.extend([line] * appended)
 
-        traced = run_watching_prompt(self._file, TRACED_FUNCTIONS, watched, record_growth,
-                                     lambda: self._encode(request))
+        traced = run_watching_prompt(self._file, TRACED_FUNCTIONS, record_growth, lambda: self._encode(request))
         if traced != prompt or len(index) != len(prompt):
             raise ValueError(f"the traced run of {Path(self._file).name} followed {len(index)} of {len(prompt)} "
                              "characters of the prompt")

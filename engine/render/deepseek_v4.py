@@ -228,16 +228,10 @@ class DeepSeekV4Renderer:
 
     def _run_traced(self, request: dict) -> tuple[list[_Piece], str]:
         pieces: list[_Piece] = []
-        watched: dict[int, tuple[int, int]] = {}  # frame id -> (prompt length seen, line last started)
 
-        def record_growth(frame: FrameType) -> None:
-            seen, line = watched[id(frame)]
-            prompt = frame.f_locals.get("prompt")
-            if not isinstance(prompt, str) or len(prompt) == seen:
-                return
+        def record_growth(frame: FrameType, prompt: str, seen: int, line: int) -> None:
             local = frame.f_locals
             appended = prompt[seen:]
-            watched[id(frame)] = (len(prompt), line)
             if frame.f_code.co_name == "encode_messages" and local.get("idx") is not None and "render_message" in (
                 self._lines[line - 1]
             ):
@@ -247,8 +241,7 @@ class DeepSeekV4Renderer:
             index = local.get("index") if frame.f_code.co_name == "render_message" else None
             pieces.append(_Piece(appended, line, index, parts, blocks))
 
-        prompt = run_watching_prompt(self._file, TRACED_FUNCTIONS, watched, record_growth,
-                                     lambda: self._encode(request))
+        prompt = run_watching_prompt(self._file, TRACED_FUNCTIONS, record_growth, lambda: self._encode(request))
         return pieces, prompt
 
     def _render_origins(self, request: dict) -> list[list[int]]:
@@ -326,14 +319,20 @@ class DeepSeekV4Renderer:
         )
 
 
-def run_watching_prompt(file: str, functions: frozenset[str], watched: dict[int, tuple[int, int]],
-                        record_growth: Callable[[FrameType], None], run: Callable[[], str]) -> str:
-    """`run()` with a line tracer on the encoder `file`'s `functions`: `watched[id(frame)]` holds (the length of the
-    frame's `prompt` seen so far, the line last started), and `record_growth(frame)` is called on every line and
-    return, before that line is noted."""
+def run_watching_prompt(file: str, functions: frozenset[str],
+                        record_growth: Callable[[FrameType, str, int, int], None], run: Callable[[], str]) -> str:
+    """`run()` with a line tracer on the encoder `file`'s `functions`: whenever a frame's local `prompt` has grown
+    since the tracer last looked (at every line and return), `record_growth(frame, prompt, length seen before,
+    the line that grew it)` is called."""
+    watched: dict[int, tuple[int, int]] = {}  # frame id -> (prompt length seen, line last started)
+
     def local_tracer(frame: FrameType, event: str, _arg: Any):
         if event in ("line", "return"):
-            record_growth(frame)
+            seen, line = watched[id(frame)]
+            prompt = frame.f_locals.get("prompt")
+            if isinstance(prompt, str) and len(prompt) != seen:
+                watched[id(frame)] = (len(prompt), line)
+                record_growth(frame, prompt, seen, line)
             if event == "line":
                 watched[id(frame)] = (watched[id(frame)][0], frame.f_lineno)
         return local_tracer
