@@ -36,6 +36,7 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
+from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -160,6 +161,16 @@ _WORKERS: OrderedDict[str, Worker] = OrderedDict()
 _WORKERS_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=64)
+def _dependencies(engine: str, version: str, offline: bool, cache: Path) -> fetch.Dependencies:
+    # once per release and cache folder: the worker runs these, and the result cache's key names them
+    return fetch.dependency_sources(engine, version, offline=offline)
+
+
+def release_dependencies(engine: str, version: str, *, offline: bool = False) -> fetch.Dependencies:
+    return _dependencies(engine, version, offline, fetch.cache_dir())
+
+
 def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *, offline: bool = False) -> Worker:
     """The live worker of engine@version (started, and its sources fetched, when needed)."""
     spec = f"{engine}@{version}"
@@ -170,7 +181,7 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
             _WORKERS.move_to_end(spec)
             return worker
     sources = fetch.fetch_sources(engine, version, offline=offline)
-    worker = Worker(engine, version, sources.root, limits, fetch.dependency_sources(engine, version, offline=offline))
+    worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=offline))
     worker.start()
     with _WORKERS_LOCK:
         _WORKERS[spec] = worker
@@ -178,6 +189,30 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
             _, oldest = _WORKERS.popitem(last=False)
             oldest.stop()
     return worker
+
+
+def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False) -> dict:
+    """The release's answer to `job`: from the result cache when this release, its glue and its dependencies answered
+    the same job before (engine/serving/real/results.py), else from its worker (started when needed), kept when the
+    release answered. A worker that cannot start or answer raises EngineWorkerError, and nothing is kept."""
+    spec = f"{engine}@{version}"
+    cache = result_cache() if persisted_results_enabled() else None
+    key = None
+    if cache is not None and fetch.cached_sources(spec) is not None:
+        fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
+        if fingerprint is not None:
+            key = fingerprint.key(job)
+            reply = cache.get(spec, key)
+            if reply is not None:
+                return reply
+    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
+    if cache is not None and reply.get("ok"):
+        if key is None:  # the sources were fetched just now
+            fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
+            key = fingerprint.key(job) if fingerprint is not None else None
+        if key is not None:
+            cache.put(spec, key, reply)
+    return reply
 
 
 def stop_workers() -> None:
@@ -448,14 +483,15 @@ class RealEngine(EngineEmulation):
                "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,
                "tokenizer": vocab.job(), "model_type": "gpt_oss" if harmony else "generic",
                "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
-        worker = worker_for(self.name, self.version, offline=self.offline)
         try:
-            reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
         except EngineWorkerError as err:
             return ParseResult(None, None, error=str(err))
         if not reply.get("ok"):
             where = f" at {reply['where']}" if reply.get("where") else ""
-            return ParseResult(None, None, error=f"{reply.get('error')}{where}{worker.stubbed_dependencies()}")
+            stubbed = worker_for(self.name, self.version, offline=self.offline).stubbed_dependencies()
+            return ParseResult(None, None, error=f"{reply.get('error')}{where}{stubbed}")
         result = reply["result"]
         if result.get("error"):
             return ParseResult(None, None, error=result["error"])
@@ -523,8 +559,7 @@ class RealEngine(EngineEmulation):
         one sentence, naming the release's file and line, when its code refuses the request."""
         vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
         job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
-        worker = worker_for(self.name, self.version, offline=self.offline)
-        reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+        reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s, offline=self.offline)
         result = reply.get("result") or {}
         if not reply.get("ok") or result.get("error"):
             where = f" at {reply['where']}" if reply.get("where") else ""
