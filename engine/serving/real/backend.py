@@ -191,14 +191,23 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
     return worker
 
 
+def _deterministic(reply: dict) -> bool:
+    """Whether the reply is the release's answer to the job alone: a result, or its code refusing the job (a step
+    that raised, `where` set), but not a failure of the worker's own state (memory, recursion depth)."""
+    if reply.get("ok"):
+        return True
+    return "where" in reply and not str(reply.get("error", "")).startswith(("MemoryError", "RecursionError"))
+
+
 def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False) -> dict:
     """The release's answer to `job`: from the result cache when this release, its glue and its dependencies answered
     the same job before (engine/serving/real/results.py), else from its worker (started when needed), kept when the
-    release answered. A worker that cannot start or answer raises EngineWorkerError, and nothing is kept."""
+    release answered or refused (`_deterministic`). A worker that cannot start or answer raises EngineWorkerError,
+    and nothing is kept."""
     spec = f"{engine}@{version}"
     cache = result_cache() if persisted_results_enabled() else None
     key = None
-    if cache is not None and fetch.cached_sources(spec) is not None:
+    if cache is not None and fetch.cached_wheel_sha256(spec) is not None:
         fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
         if fingerprint is not None:
             key = fingerprint.key(job)
@@ -206,7 +215,7 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
             if reply is not None:
                 return reply
     reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
-    if cache is not None and reply.get("ok"):
+    if cache is not None and _deterministic(reply):
         if key is None:  # the sources were fetched just now
             fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
             key = fingerprint.key(job) if fingerprint is not None else None
@@ -222,6 +231,10 @@ def stop_workers() -> None:
 
 
 atexit.register(stop_workers)
+
+
+# id(tokenizer backend) -> (that backend, its vocabulary); the backend is held so that its id is not reused
+_VOCABS: dict[int, tuple[Any, AddedVocab | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -241,11 +254,23 @@ class AddedVocab:
         while hasattr(inner, "inner"):
             inner = inner.inner
         backend = getattr(inner, "backend", None)
-        if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+        if backend is None:
+            return None
+        # Read once per tokenizer: every parse and request-side render of a matrix asks (the decoder lists hundreds)
+        known = _VOCABS.get(id(backend))
+        if known is not None and known[0] is backend:
+            return known[1]
+        vocab = cls._read(inner, backend)
+        _VOCABS[id(backend)] = (backend, vocab)
+        return vocab
+
+    @classmethod
+    def _read(cls, inner: Any, backend: Any) -> AddedVocab | None:
+        if hasattr(backend, "get_added_tokens_decoder"):
             decoder = backend.get_added_tokens_decoder()
             return cls({t.content: i for i, t in decoder.items()},
                        frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
-        if backend is not None and hasattr(backend, "special_tokens_set"):
+        if hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
         return None
@@ -328,7 +353,7 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
 
 
 # Where a release's tool parsers live: vllm/tool_parsers/, vllm/parser/ (0.2x's parser engine), sglang's function_call/.
-_TOOL_PARSER_PATHS = ("tool_parser", "/parser/", "function_call/")
+_TOOL_PARSER_FILE = re.compile("tool_parser|/parser/|function_call/")
 
 
 def field_sources(origin: str, text: str, result: dict, trace: dict) -> tuple[tuple[str, Location], ...]:
@@ -351,7 +376,7 @@ def field_sources(origin: str, text: str, result: dict, trace: dict) -> tuple[tu
             (e for e in reversed(in_parser) if e["variable"].startswith("return of ")), None)
         if made is not None:
             sources.append(("reasoning", where(made)))
-    in_tool_parsers = [e for e in edits if any(part in e["file"] for part in _TOOL_PARSER_PATHS)]
+    in_tool_parsers = [e for e in edits if _TOOL_PARSER_FILE.search(e["file"])]
     # a parameter's text turned into another type (SGLang's Qwen3-Coder `_convert_param_value`): the repr of a str
     # before, of something else after
     converted = next((e for e in in_tool_parsers if e["kind"] == "type" and str(e["before"])[:1] in "'\""

@@ -10,8 +10,8 @@ Layout, beside the sources in the engine cache (`fetch.cache_dir()`):
     results/<engine>@<version>/<key[:2]>/<key>.json   {"key": key, "reply": {...}, "sha256": sha256(reply)}
 
 An entry whose key or sha256 does not match what it holds (a torn write, a tampered file) is not trusted: it is
-deleted and the job asked again. Only answers the release gave (`ok`) are kept; a worker that hung, crashed or could
-not start leaves nothing behind.
+deleted and the job asked again. Only what the release's code answered (a result, or its own refusal of the job) is
+kept; a worker that hung, crashed, ran out of memory or could not start leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -73,14 +73,10 @@ class ReleaseFingerprint:
 
 def release_fingerprint(spec: str, dependencies: fetch.Dependencies) -> ReleaseFingerprint | None:
     """The fingerprint of a release whose sources are in the cache (its wheel's sha256 from the manifest), else None."""
-    manifest = fetch.cache_dir() / "releases" / spec / "manifest.json"
-    try:
-        wheel = json.loads(manifest.read_text()).get("wheel") or {}
-    except (OSError, ValueError):
+    wheel_sha256 = fetch.cached_wheel_sha256(spec)
+    if not wheel_sha256:
         return None
-    if not wheel.get("sha256"):
-        return None
-    return ReleaseFingerprint(spec, wheel["sha256"], tuple(sorted(s.spec for s in dependencies.real.values())))
+    return ReleaseFingerprint(spec, wheel_sha256, tuple(sorted(s.spec for s in dependencies.real.values())))
 
 
 class ResultCache:
