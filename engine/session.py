@@ -76,13 +76,15 @@ from typing import Any
 import numpy as np
 
 from engine.call_ids import SessionCallIds
+from engine.client import client_call_ids, client_message
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
 from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
-from engine.simulate import client_call_ids, client_message, raw_request, reasoning_forced, turn_as_written
+from engine.serving.raw import raw_request
+from engine.simulate import reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, known_agreement, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 

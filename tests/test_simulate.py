@@ -76,12 +76,12 @@ def test_the_bridge_adds_what_the_engine_does_not_return_and_nothing_twice() -> 
 
 def test_the_bridge_refuses_to_render_an_assistant_message_again() -> None:
     from engine.errors import RenderError
-    from engine.simulate import _bridge_prompt
+    from engine.serving.bridge import bridge_prompt
 
     model = load_model("qwen3.6")
     boundary = run_cell("qwen3.6", "tool-call", "bridge").boundaries[0]
     with pytest.raises(RenderError, match="the bridge appends only user and tool messages"):
-        _bridge_prompt(model, boundary.prev_prompt, boundary.completion, {"role": "assistant", "content": "x"},
+        bridge_prompt(model, boundary.prev_prompt, boundary.completion, {"role": "assistant", "content": "x"},
                        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "sampled"}], 2,
                        lambda messages: model.renderer.render(messages, None, add_generation_prompt=True, kwargs={}))
 

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.call_ids import random_shape
+from engine.client import client_message, undo_request_edit
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
+from engine.serving.raw import raw_request
 from engine.serving.rendering import ServingUnavailable, served_model
-from engine.simulate import client_message, engine_request, raw_request, template_kwargs_of, undo_request_edit
+from engine.simulate import engine_request, template_kwargs_of
 from engine.types import Edit, ParseResult, Rendered, RenderRequest
 
 

@@ -24,7 +24,8 @@ from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import Scenario
-from engine.simulate import _bridge_prompt, _rerender
+from engine.serving.bridge import bridge_prompt
+from engine.simulate import rerender
 from engine.traces.pipeline import (
     Served,
     completion_of,
@@ -133,7 +134,7 @@ def _bridged(step: _Step, broken: Boundary) -> Boundary:
     request = broken.next_request
     tools, kwargs = (request.tools, request.kwargs) if request is not None else (None, {})
     assistant = request.messages[assistant_index] if request is not None else {}
-    prompt = _bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
+    prompt = bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
                             lambda messages: render_request(model, served_by("raw"), messages, tools, kwargs)[0])
     appended = prompt.text[len(broken.prev_text):]
     prev_ids = broken.prev_ids or ()
@@ -149,7 +150,7 @@ def _rerun_function(step: _Step, served: Served, kwargs: dict[str, Any], broken:
     def rerun(change: Change) -> Boundary | None:
         try:
             if isinstance(change, UndoTemplate):
-                return _rerender(step.model, change.base or broken, change)
+                return rerender(step.model, change.base or broken, change)
             if isinstance(change, UseParse):
                 return _replay(step, served, kwargs, parse=change.parse)
             if isinstance(change, UndoRequestEdit):
