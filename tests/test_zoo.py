@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.formats.base import registered_formats
+from engine.formats import registered_formats
 from engine.scenario import scenario_ids
 from engine.zoo import (
     NOT_RECOGNISED,

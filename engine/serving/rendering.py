@@ -242,10 +242,10 @@ class EngineEncoderRenderer:
         if self._table is None:
             import ast
 
-            from engine.render.constructs import _PythonRewriter
+            from engine.render.constructs import PythonRewriter
             from engine.render.deepseek_v4 import REPRINTING_FUNCTIONS
 
-            rewriter = _PythonRewriter(REPRINTING_FUNCTIONS)
+            rewriter = PythonRewriter(REPRINTING_FUNCTIONS)
             rewriter.visit(ast.parse("\n".join(self._lines) + "\n", self.source_path))
             self._table = rewriter.table()
         return self._table

@@ -254,7 +254,7 @@ def tokenizer_file(backend: Any) -> str:
     text = backend.to_str()
     path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
     if not path.exists():
-        fetch._write_atomic(path, text.encode())
+        fetch.write_atomic(path, text.encode())
     return str(path)
 
 
