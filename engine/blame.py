@@ -972,7 +972,7 @@ def _same_engine_versions(context: BlameContext) -> list[str]:
     """Other versions of the cell's engine that serve this model with the same parser names."""
     if context.engine in ("raw", "bridge"):
         return []
-    from engine.parsers import get_engine, list_engines
+    from engine.serving.registry import get_engine, list_engines
 
     current = get_engine(context.engine)
     parsers = context.model.spec.engine_parsers.get(current.name, {})

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
-from engine.parsers import known_engine
 from engine.provenance import spans
+from engine.serving.registry import known_engine
 
 
 def parse_kwarg_value(text: str) -> Any:
@@ -348,7 +348,7 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
-    from engine.parsers import for_parsers, get_engine
+    from engine.serving.registry import for_parsers, get_engine
 
     emulation = get_engine(args.engine)
     spec = load_spec(args.model)
@@ -363,7 +363,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
         raise ExplorerError(f"cannot read parse input: {err}") from err
     try:
         tokenizer = None
-        if emulation.reads_tokenizer:  # the real-engine backend: the model's added tokens reach the parsers
+        if emulation.is_real_release:  # the real-engine backend: the model's added tokens reach the parsers
             from engine.models import load_model
 
             tokenizer = load_model(args.model).tokenizer

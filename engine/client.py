@@ -46,7 +46,7 @@ def scripted_message(turn: ScriptTurn, call_ids: list[str], call_cursor: int) ->
 def undo_request_edit(prepared: list[dict], client_messages: list[dict], edit: Edit) -> list[dict]:
     """The engine's prepared messages with one request-side edit undone: the field it changed back as the client
     sent it (a call's arguments string; a message's reasoning fields)."""
-    from engine.parsers.base import json_copy
+    from engine.serving.base import json_copy
 
     restored = json_copy(prepared)
     for index, (message, original) in enumerate(zip(restored, client_messages)):

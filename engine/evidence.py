@@ -329,7 +329,7 @@ def explain_error(cell: CellResult, model: LoadedModel, around: int = 3) -> Erro
 
 def _engines_where_it_renders(cell: CellResult) -> list[str]:
     """The other engines (at their versions) whose cell for the same stock model and scenario is not an error."""
-    from engine.parsers import list_engines
+    from engine.serving.registry import list_engines
 
     if "+" in cell.model:
         return []
@@ -755,7 +755,7 @@ def _check_kwargs(kwargs: dict, model: LoadedModel, where: str) -> None:
 
 
 def _replay_checked(evidence: dict, where: str) -> list[str]:
-    from engine.parsers import known_engine
+    from engine.serving.registry import known_engine
 
     try:
         repro = evidence["reproduce"]

@@ -284,7 +284,7 @@ def _check_inputs(model_id: str, engine: str) -> None:
 
     load_spec(model_id)  # raises ExplorerError naming the known models
     if engine not in ("raw", "bridge"):
-        from engine.parsers import get_engine
+        from engine.serving.registry import get_engine
 
         try:
             get_engine(engine)

@@ -129,7 +129,7 @@ def _served(tokenizer: Tokenizer, hub_repo: str, family: str, eos_token: str | N
     from renderers.configs import config_from_name
 
     if family == "harmony":  # its GptOssRenderer loads the harmony encoding, whose vocabulary we rebuild offline
-        from engine.parsers.harmony_encoding import o200k_base_path
+        from engine.render.harmony_encoding import o200k_base_path
 
         o200k_base_path()
     kwargs = json.loads(kwargs_json)

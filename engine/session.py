@@ -81,9 +81,9 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
-from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
 from engine.serving.raw import raw_request
+from engine.serving.registry import get_engine, list_engines, parse_served, serving_engine
 from engine.simulate import reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, known_agreement, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens

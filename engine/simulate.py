@@ -19,9 +19,9 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
-from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
+from engine.serving.base import EngineEmulation, RequestPrep
 from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
 from engine.serving.raw import raw_request
 from engine.tokenize import token_ids
@@ -60,7 +60,7 @@ def _engine_parts(engine: str) -> tuple[str, str]:
 
 
 def _engine(engine: str):
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     return get_engine(engine)
 
@@ -234,7 +234,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     parsers: dict[str, str] = {}
     traced: bool | None = None  # None: the real backend's own choice, traced where that is cheap
     if engine not in ("raw", "bridge"):
-        from engine.parsers import parse_served, serving_engine
+        from engine.serving.registry import parse_served, serving_engine
 
         serving = serving_engine(engine, model.spec.engine_parsers)
         emulation, parsers = serving.engine, serving.parsers

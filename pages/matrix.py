@@ -14,9 +14,9 @@ import streamlit as st
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
-from engine.parsers import engine_versions, list_engines
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
+from engine.serving.registry import engine_versions, list_engines
 from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
@@ -122,7 +122,7 @@ def _kwargs_from_link(text: str) -> list[str]:
 def _link_cell_problem(selected: dict) -> str | None:
     """Why a link's selected cell cannot be opened (an unknown model, scenario, engine or upload), or None."""
     from engine.errors import ExplorerError
-    from engine.parsers import known_engine
+    from engine.serving.registry import known_engine
 
     if selected["model"] not in default_model_ids():
         return f"unknown model {selected['model'][:40]!r}"

@@ -12,8 +12,8 @@ import yaml
 
 from engine.matrix import cell_label
 from engine.models import LoadedModel, default_model_ids
-from engine.parsers import list_engines
 from engine.scenario import scenario_from_data
+from engine.serving.registry import list_engines
 from engine.simulate import run_cell_with
 from engine.traces.evidence import step_view, trace_evidence, trace_markdown
 from engine.traces.readers import FORMATS

@@ -126,7 +126,7 @@ def test_vllm_0_21_ignores_the_clients_reasoning_content():
 
 
 def test_sglang_hands_the_template_its_pydantic_dump_of_the_tools():
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert get_engine("sglang@0.5.23").served_tools(tools) == [
@@ -196,8 +196,8 @@ def test_sglang_splits_deepseek_v3_reasoning_only_for_a_thinking_request():
     """_DeepSeekV3Detector's explicit_thinking: V3.2 with thinking off gets its calls back, as the release's own code
     returns them (the emulation against sglang@0.5.23 run in its worker)."""
     need("sglang@0.5.23")
-    from engine.parsers import get_engine
     from engine.serving.real.backend import RealEngine
+    from engine.serving.registry import get_engine
 
     text = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
             'string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')

@@ -170,9 +170,10 @@ def test_kimi_is_string_level_and_says_why() -> None:
 
 def test_unemulated_parser_runs_the_releases_real_code() -> None:
     # A server started with the legacy `--tool-call-parser deepseek_v3` for DeepSeek-V4: vLLM has it, the project
-    # does not emulate that JSON-in-special-tokens format, so vLLM 0.33.0's own code parses (engine.parsers.for_parsers
-    # and the NotImplementedError fallback in simulate): it finds no V3 call, the DSML markup stays in the content and
-    # the client gets no tool call; the encoder prints the content back as it was, so the prefix holds.
+    # does not emulate that JSON-in-special-tokens format, so vLLM 0.33.0's own code parses
+    # (engine.serving.registry.for_parsers and the NotImplementedError fallback in simulate): it finds no V3 call, the
+    # DSML markup stays in the content and the client gets no tool call; the encoder prints the content back as it
+    # was, so the prefix holds.
     from test_real_engines import need
 
     need("vllm@0.33.0")
@@ -205,7 +206,7 @@ def _golden_locations(engine: str, family: str) -> set[str]:
     """Every edit location the emulation reports on the golden cases the real parser produced."""
     from pathlib import Path
 
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     emulation = get_engine(engine)
     data = json.loads((Path("tests/golden") / emulation.spec / f"{family}.json").read_text(encoding="utf-8"))

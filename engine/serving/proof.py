@@ -48,8 +48,8 @@ class RequestProof:
 def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list[dict] | None,
                   kwargs: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
     """The prompt (and ids) `engine`'s release renders for this request with its own request-side code."""
-    from engine.parsers import get_engine
     from engine.serving.real.backend import RealEngine
+    from engine.serving.registry import get_engine
 
     emulation = get_engine(engine)
     real = RealEngine(emulation.name, emulation.version)

@@ -30,8 +30,8 @@ from engine.types import Rendered, RenderRequest
 
 if TYPE_CHECKING:
     from engine.models import LoadedModel
-    from engine.parsers.base import EngineEmulation
     from engine.render.constructs import Evaluation
+    from engine.serving.base import EngineEmulation
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def cell_model(cell: Any, model: LoadedModel) -> LoadedModel:
     """The model as a cell's engine rendered it (an error note's template lines index into its renderer)."""
     if cell.engine in ("raw", "bridge") or not cell.engine_version:
         return model.served_from or model
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     try:
         return served_model(model, get_engine(f"{cell.engine}@{cell.engine_version}"))

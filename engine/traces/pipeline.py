@@ -35,7 +35,7 @@ class Served:
 def served_by(engine: str) -> Served:
     if engine == "raw":
         return Served("raw", None)
-    from engine.parsers import get_engine, list_engines
+    from engine.serving.registry import get_engine, list_engines
 
     try:
         emulation = get_engine(engine)
@@ -88,7 +88,7 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
     fmt = get_format(model.spec.family)
     if served.emulation is None:
         return fmt.raw_parse(completion.parser_text)
-    from engine.parsers import for_parsers, parse_served
+    from engine.serving.registry import for_parsers, parse_served
 
     parsers = model.spec.engine_parsers.get(served.emulation.name, {})
     tool_parser = parsers.get("tool_call_parser")
