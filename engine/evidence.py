@@ -770,7 +770,7 @@ def _replay_checked(evidence: dict, where: str) -> list[str]:
         if not isinstance(model_id, str):
             raise ValueError(f"unknown model of type {type(model_id).__name__}")
         load_scenario(scenario_id)
-        known_engine(engine)
+        engine = known_engine(engine)
     except (ExplorerError, ValueError) as err:
         raise ExplorerError(f"{where}: reproduce names {err}") from None
     upload = evidence.get("upload")

@@ -24,6 +24,7 @@ from engine.scenario import Scenario, load_scenario
 from engine.serving.base import EngineEmulation, RequestPrep
 from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
 from engine.serving.raw import raw_request
+from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
 from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
     Boundary,
@@ -48,10 +49,10 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
 ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
 
-def _engine_parts(engine: str) -> tuple[str, str]:
-    if engine in ("raw", "bridge"):
-        return engine, ""
-    if engine.partition("@")[0] == "renderers":  # as asked, or renderers@<version> from evidence
+def _engine_parts(engine: EngineSpec) -> tuple[str, str]:
+    if engine.kind in ("raw", "bridge"):
+        return engine.kind, ""
+    if engine.kind == "renderers":  # as asked, or renderers@<version> from evidence
         from engine import renderers_column
 
         return "renderers", renderers_column.version()
@@ -59,8 +60,14 @@ def _engine_parts(engine: str) -> tuple[str, str]:
     return emulation.name, emulation.version
 
 
-def _engine(engine: str):
-    from engine.serving.registry import get_engine
+def _parsed(engine: str) -> EngineSpec:
+    from engine.serving.registry import parse_engine
+
+    return parse_engine(engine)
+
+
+def _engine(engine: EngineSpec) -> EngineEmulation:
+    from engine.serving.registry import get_engine  # at call time: a test swaps the registry's get_engine
 
     return get_engine(engine)
 
@@ -70,12 +77,13 @@ def _ids(model: LoadedModel, text: str) -> tuple[int, ...] | None:
 
 
 @lru_cache(maxsize=4096)
-def _cached_cell(model_id: str, scenario_id: str, engine: str, kwargs_json: str, explain: bool) -> CellResult:
+def _cached_cell(model_id: str, scenario_id: str, engine: EngineSpec | str, kwargs_json: str,
+                 explain: bool) -> CellResult:
     # Only scenarios by id are cached: an in-memory scenario is somebody's data, not a name.
     return run_cell_with(load_model(model_id), scenario_id, engine, json.loads(kwargs_json), explain=explain)
 
 
-def run_cell(model_id: str, scenario_id: str, engine: str, kwargs: dict[str, Any] | None = None,
+def run_cell(model_id: str, scenario_id: str, engine: EngineSpec | str, kwargs: dict[str, Any] | None = None,
              *, explain: bool = True) -> CellResult:
     """One matrix cell. `kwargs` are template kwargs on top of the model's defaults and the scenario's."""
     return _cached_cell(model_id, scenario_id, engine, json.dumps(kwargs or {}, sort_keys=True), explain)
@@ -91,24 +99,26 @@ class _Overrides:
     request_undo: Edit | None = None
 
 
-def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, user_kwargs: dict[str, Any], *,
-                  explain: bool = True, hints: bool = True, stop_after: int | None = None,
-                  overrides: _Overrides | None = None) -> CellResult:
+def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
+                  user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
+                  stop_after: int | None = None, overrides: _Overrides | None = None) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
-    status is about those."""
+    status is about those. `engine`: a spec, or its name (parsed here, once)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
     kwargs = {**model.spec.default_kwargs(), **scenario.kwargs, **user_kwargs}
     try:
+        if isinstance(engine, str):
+            engine = _parsed(engine)
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
-        return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
+        return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
-    emulation = None if engine_name in ("raw", "bridge", "renderers") else _engine(engine)
+    emulation = _engine(engine) if engine.is_serving_engine else None
     try:
         # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
         model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
@@ -116,7 +126,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
-    if engine_name == "renderers":
+    if engine.kind == "renderers":
         return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
 
     def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
@@ -128,7 +138,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     except _Failed as err:
         return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
-    if engine == "bridge":  # which renderer the column used, and that it rendered no history
+    if engine.kind == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
         note = f"{used}; {note}" if note else used
@@ -144,13 +154,13 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
 
 
-def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
+def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict[str, Any],
                     base: dict[str, Any], stop_after: int | None) -> CellResult:
     """The `renderers` column (engine.renderers_column). No cause is attributed: the package's renderers are Python
     ports with no template constructs to undo; the note says how each next prompt was built."""
     from engine import renderers_column
 
-    asked = engine.partition("@")[2]
+    asked = engine.version
     if asked and asked != base["engine_version"]:
         return CellResult(**base, status=Status.UNAVAILABLE,
                           note=f"renderers {asked[:40]} was asked for, but renderers {base['engine_version']} is the "
@@ -226,14 +236,14 @@ class _Failed(ExplorerError):
         self.boundaries = boundaries
 
 
-def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict,
+def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
                emulation: EngineEmulation | None = None) -> tuple[Boundary, ...]:
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
     traced: bool | None = None  # None: the real backend's own choice, traced where that is cheap
-    if engine not in ("raw", "bridge"):
+    if engine.is_serving_engine:
         from engine.serving.registry import parse_served, serving_engine
 
         serving = serving_engine(engine, model.spec.engine_parsers)
@@ -301,7 +311,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                     break
             continue
         assert turn.assistant is not None
-        if engine == "bridge" and boundaries:
+        if engine.kind == "bridge" and boundaries:
             prompt = boundaries[-1].next_prompt
             prompt_ids = boundaries[-1].next_ids
         else:
@@ -391,11 +401,12 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
     return replace(turn, reasoning=None)
 
 
-def _close_boundary(model, engine, history, pending, render, index, trigger, last_request) -> Boundary:
+def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
+                    last_request) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
-    if engine == "bridge":
+    if engine.kind == "bridge":
         next_prompt = bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
                                     assistant_index, lambda messages: render(messages, True)[0])
         request_edits: tuple[Edit, ...] = ()

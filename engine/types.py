@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from engine.serving.spec import EngineSpec
+
 
 @dataclass(frozen=True)
 class Location:
@@ -410,7 +412,7 @@ class WithKwargs:
 
 @dataclass(frozen=True)
 class WithEngine:
-    engine: str
+    engine: EngineSpec
 
 
 Change = UseParse | UndoRequestEdit | UndoTemplate | EchoingClient | WithKwargs | WithEngine

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.serving.spec import EngineSpec
 from engine.types import Edit, Location, ParseResult, ToolCall
 
 
@@ -94,6 +95,11 @@ class EngineEmulation(ABC):
     @property
     def spec(self) -> str:
         return f"{self.name}@{self.version}"
+
+    @property
+    def release_spec(self) -> EngineSpec:
+        """This engine's release as a column names it (vllm@0.33.0), without the parser pair."""
+        return EngineSpec(self.name, self.version)  # type: ignore[arg-type]  # name: vllm | sglang
 
     def family_parser(self, reasoning_parser: str | None, tool_parser: str | None) -> FamilyParser:
         """The family parser that handles this pair of CLI names (the tool parser's family wins)."""

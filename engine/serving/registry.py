@@ -13,16 +13,17 @@ A pinned release asked for a parser its emulation does not have (a model family 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.errors import ExplorerError
+from engine.errors import ExplorerError, UnknownEngineKind
 from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
 from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.parsers.vllm_0_33_0 import VllmEmulation
 from engine.serving.base import EngineEmulation
 from engine.serving.real import fetch
 from engine.serving.real.backend import RealEngine, release_problem
+from engine.serving.spec import EngineSpec
 from engine.types import ParseResult
 
 # The pinned releases, by the name the engine gives them, to their emulation.
@@ -44,7 +45,8 @@ def engine_versions(name: str) -> tuple[str, ...]:
     """The versions a user can pick for `name`: the pinned (emulated) ones first, newest first, then every other
     release on PyPI, newest first, from the cached release index (PyPI is asked, for 5 s at most, only when there is
     none; without network the pinned ones are all). Answered once per process."""
-    pinned = sorted((s.split("@")[1] for s in EMULATIONS if s.startswith(name + "@")), key=fetch.Version, reverse=True)
+    releases = [EngineSpec.parse(release) for release in EMULATIONS]
+    pinned = sorted((r.version for r in releases if r.kind == name and r.version), key=fetch.Version, reverse=True)
     try:
         listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name, timeout_s=5)
     except fetch.FetchError:
@@ -52,30 +54,38 @@ def engine_versions(name: str) -> tuple[str, ...]:
     return tuple(pinned + [r.version for r in reversed(listed) if r.version not in pinned])
 
 
-def get_engine(spec: str) -> EngineEmulation:
-    release, _, pair = spec.partition("/")
-    if pair:
-        reasoning, plus, tool = pair.partition("+")
-        if not plus:
-            raise ValueError(f"engine {spec!r}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
-        override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
-                    "tool_call_parser": None if tool in ("", "-") else tool}
-        engine = for_parsers(get_engine(release), override["reasoning_parser"], override["tool_call_parser"])
-        engine.check_names(override["reasoning_parser"], override["tool_call_parser"])
-        engine.parser_override = override
+def get_engine(spec: EngineSpec | str) -> EngineEmulation:
+    """The engine object that serves `spec` (a vLLM or SGLang column); ValueError in one sentence for any other."""
+    if isinstance(spec, str):
+        spec = parse_engine(spec)
+    if spec.parsers is not None:
+        pair = spec.parsers
+        engine = for_parsers(get_engine(replace(spec, parsers=None)), pair.reasoning_parser, pair.tool_call_parser)
+        engine.check_names(pair.reasoning_parser, pair.tool_call_parser)
+        engine.parser_override = pair.as_override()
         return engine
-    key = NEWEST.get(spec, spec)
-    if key in EMULATIONS:
+    key = NEWEST.get(spec.release, spec.release)
+    if key in EMULATIONS and not spec.real_code:
         return EMULATIONS[key]()
-    real = key.removeprefix("real:")
-    name, _, version = real.partition("@")
-    if name in NEWEST and version:
-        problem = release_problem(name, version)
+    if spec.is_serving_engine and spec.version is not None:
+        problem = release_problem(spec.kind, spec.version)
         if problem is None:
-            return real_release(name, version)
-        raise ValueError(f"unknown engine {spec!r}: {problem}")
-    raise ValueError(f"unknown engine {spec!r}; known: {', '.join([*EMULATIONS, *NEWEST])}, or any vllm@X / sglang@X "
-                     "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
+            return real_release(spec.kind, spec.version)
+        raise ValueError(f"unknown engine {str(spec)!r}: {problem}")
+    raise ValueError(_unknown_engine(repr(str(spec))))
+
+
+def parse_engine(text: str) -> EngineSpec:
+    """EngineSpec.parse, with this registry's sentence (the releases it pins) for a name of no engine: ValueError."""
+    try:
+        return EngineSpec.parse(text)
+    except UnknownEngineKind:
+        raise ValueError(_unknown_engine(repr(text))) from None
+
+
+def _unknown_engine(shown: str) -> str:
+    return (f"unknown engine {shown}; known: {', '.join([*EMULATIONS, *NEWEST])}, or any vllm@X / sglang@X release on "
+            "PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
 
 
 def real_release(name: str, version: str) -> RealEngine:
@@ -109,7 +119,7 @@ class Serving:
     pinned: bool  # the column asked for is a pinned emulation (where its release's real code runs, it stands in)
 
 
-def serving_engine(spec: str, engine_parsers: dict[str, dict[str, str]]) -> Serving:
+def serving_engine(spec: EngineSpec | str, engine_parsers: dict[str, dict[str, str]]) -> Serving:
     """What serves a model on the engine `spec` names: its parser pair (the one `spec` names, else the model's
     manifest's for that engine) and the engine that runs the pair (for_parsers). ValueError for an unknown engine."""
     asked = get_engine(spec)
@@ -136,23 +146,21 @@ def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
         return twin, parse(twin)
 
 
-def known_engine(spec: object) -> str:
-    """An engine argument from outside (the CLI, a link, evidence) checked against the engines there are: raw,
-    bridge, renderers, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser pair);
-    ExplorerError in one sentence otherwise."""
-    if spec in ("raw", "bridge", "renderers") or (isinstance(spec, str) and NEWEST.get(spec, spec) in EMULATIONS):
-        return str(spec)
-    if isinstance(spec, str) and spec.startswith("renderers@") and len(spec) <= 60:  # a version: the cell says if not
-        return str(spec)
-    if isinstance(spec, str) and len(spec) <= 200:
+def known_engine(text: object) -> EngineSpec:
+    """An engine argument from outside (the CLI, a link, evidence) parsed once and checked against the engines there
+    are: raw, bridge, renderers, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser
+    pair); ExplorerError in one sentence otherwise."""
+    try:
+        spec = EngineSpec.parse(text)
+    except UnknownEngineKind:
+        shown = repr(text)[:60] if isinstance(text, str) else f"of type {type(text).__name__}"
+        raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or "
+                            f"one of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on "
+                            "PyPI") from None
+    if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.release not in EMULATIONS | NEWEST):
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
-        release = spec.partition("/")[0].removeprefix("real:")
-        if release.partition("@")[0] in NEWEST and ("@" in release or "/" in spec):
-            try:
-                get_engine(spec)
-                return spec
-            except ValueError as err:
-                raise ExplorerError(str(err)) from None
-    shown = repr(spec)[:60] if isinstance(spec, str) else f"of type {type(spec).__name__}"
-    raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or one "
-                        f"of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on PyPI")
+        try:
+            get_engine(spec)
+        except ValueError as err:
+            raise ExplorerError(str(err)) from None
+    return spec  # raw, bridge, renderers (a version of it: the cell says when it is not the one installed)

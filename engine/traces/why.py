@@ -25,6 +25,7 @@ from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import Scenario
 from engine.serving.bridge import bridge_prompt
+from engine.serving.spec import EngineSpec
 from engine.simulate import rerender
 from engine.traces.pipeline import (
     Served,
@@ -160,7 +161,7 @@ def _rerun_function(step: _Step, served: Served, kwargs: dict[str, Any], broken:
             if isinstance(change, WithKwargs):
                 return _replay(step, served, {**kwargs, **change.kwargs}, logged_ids=False)
             if isinstance(change, WithEngine):
-                if change.engine == "bridge":
+                if change.engine.kind == "bridge":
                     return _bridged(step, broken)
                 return _replay(step, served_by(change.engine), kwargs)
         except ExplorerError:
@@ -184,7 +185,7 @@ def _differences(real: dict | None, replayed: dict) -> list[str]:
     return out
 
 
-def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, current: TraceRequest,
+def explain_step(model: LoadedModel, engine: EngineSpec | str, previous: TraceRequest, current: TraceRequest,
                  completion_ids: tuple[int, ...], previous_prompt_ids: tuple[int, ...],
                  prompt_ids: tuple[int, ...], index: int, *, hints: bool = True, attribute_now: bool = True) -> Replay:
     """Replay the step from `previous` (its prompt and completion ids) to `current` (its real prompt ids);
@@ -234,7 +235,7 @@ def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, curren
     client = {} if step.send_reasoning else {"send_reasoning": False}
     scenario = Scenario(id=f"{current.format}:{current.where}", description="", tools=list(previous.tools or [])
                         or None, system=None, turns=(), kwargs={}, source="", client=client)
-    context = BlameContext(model, scenario, served.spec, dict(previous.chat_template_kwargs or {}), kwargs)
+    context = BlameContext(model, scenario, served.engine, dict(previous.chat_template_kwargs or {}), kwargs)
     detail = (f"the replay through {served.spec}{' with a client that drops the reasoning' if client else ''} gives "
               "the real prompt")
 
