@@ -267,7 +267,7 @@ def run_one(model_id: str, engine: EngineSpec | str, seed: int, index: int) -> F
     chars = len(last.next_prompt.text) if last is not None else 0
     cause = origin = detail = None
     if cell.cause is not None:
-        cause = (cell.cause.stage, cell.cause.kind, cell.cause.location)
+        cause = (cell.cause.stage, cell.cause.kind, str(cell.cause.location))
         origin, detail = cell.cause.origin, cell.cause.detail
     elif cell.status == "error":
         head = (cell.note or "").split(":", 1)[0]

@@ -10,6 +10,7 @@ since a package that imports its own submodules would otherwise always be a "cyc
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,10 +40,15 @@ def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         stack.extend(child for child in ast.iter_child_nodes(node) if not is_type_checking_block(child))
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, str, int, tuple[str, ...]]]:
     """(imported module, how it was written, line, names taken from it) for each `engine` import in the module."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in runtime_nodes(parsed(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in modules:

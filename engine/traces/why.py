@@ -135,8 +135,9 @@ def _bridged(step: _Step, broken: Boundary) -> Boundary:
     request = broken.next_request
     tools, kwargs = (request.tools, request.kwargs) if request is not None else (None, {})
     assistant = request.messages[assistant_index] if request is not None else {}
+    raw = served_by(EngineSpec("raw"))
     prompt = bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
-                            lambda messages: render_request(model, served_by("raw"), messages, tools, kwargs)[0])
+                           lambda messages: render_request(model, raw, messages, tools, kwargs)[0])
     appended = prompt.text[len(broken.prev_text):]
     prev_ids = broken.prev_ids or ()
     next_ids = prev_ids + model.tokenizer.encode(appended).ids
