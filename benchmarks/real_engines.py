@@ -146,7 +146,7 @@ def stale_citations(spec: str) -> dict[str, dict]:
     with the line tracer; a citation is stale when none of its lines ran in that file for that case. Returns
     {"path:range": {"step", "cases", "first_case", "executed_near"}} (executed lines of that file within 15 lines).
     The check is by overlap: a range that is stale but overlaps other executed code passes."""
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     engine_name, version = spec.split("@")
     emulation, real = get_engine(spec), RealEngine(engine_name, version)

@@ -28,6 +28,7 @@ from typing import Any
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
+from engine.serving.spec import EngineSpec
 from engine.types import (
     Boundary,
     Cause,
@@ -53,7 +54,7 @@ HOLDING_ENOUGH = 3  # candidates that keep the prefix, found in that order, to c
 class BlameContext:
     model: LoadedModel
     scenario: Scenario
-    engine: str  # as the cell was asked for: "raw", "bridge", "vllm", "sglang@0.5.12", ...
+    engine: EngineSpec  # as the cell was asked for: raw, bridge, vllm, sglang@0.5.12, ...
     user_kwargs: dict[str, Any]
     kwargs: dict[str, Any]  # the kwargs the cell rendered with (model defaults, scenario, user)
 
@@ -271,7 +272,7 @@ def _engine_candidates(boundary: Boundary, context: BlameContext) -> list[_Engin
         if undone is not None:
             candidates.append(_EngineCandidate(UseParse(undone[0]), edit, undone[1], len(candidates)))
     if written is not None:
-        origin = parse.edits[0].location.origin if parse.edits else context.engine
+        origin = parse.edits[0].location.origin if parse.edits else str(context.engine)
         for result, edit, field in _field_differences(parse, written, origin):
             candidates.append(_EngineCandidate(UseParse(result), edit, field, len(candidates)))
     for edit in boundary.request_edits:
@@ -329,7 +330,7 @@ def _arguments_kind(before: str, after: str) -> str:
 
 
 def _engine_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> Cause | None:
-    if context.engine in ("raw", "bridge"):
+    if not context.engine.is_serving_engine:
         return None
     trials = []
     for candidate in _engine_candidates(boundary, context):
@@ -433,7 +434,7 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
                              text=lines[emit_line - 1].strip() if 0 < emit_line <= len(lines) else "")
     changed = _changed_in_template(boundary)
     base = boundary
-    if context.engine not in ("raw", "bridge"):
+    if context.engine.is_serving_engine:
         # The template's constructs act on what the engine handed over; had the engine kept the model's fields, would
         # the template still break here? Then blame the template on that request (the same cause as the raw column).
         written = _written_fields(boundary, context)
@@ -912,9 +913,9 @@ def _fix_hint(boundary: Boundary, context: BlameContext, rerun: Rerun, cause: Ca
     for other in _same_engine_versions(context):
         fixed = rerun(WithEngine(other))
         if fixed is not None and fixed.holds:
-            return Fix("engine", f"serve with {other}", engine=other,
+            return Fix("engine", f"serve with {other}", engine=str(other),
                        proof=f"re-run with {other}: the boundary holds")
-    bridged = rerun(WithEngine("bridge"))
+    bridged = rerun(WithEngine(EngineSpec("bridge")))
     bridge = Fix("bridge", "build the next prompt by appending to the previous token ids (bridge) instead of "
                            "re-rendering", engine="bridge", proof="re-run with the bridge: the boundary holds")
     if bridged is not None and bridged.holds:
@@ -968,11 +969,11 @@ def _answered_prompt_changes(boundary: Boundary, context: BlameContext, kwargs: 
     return again.text != boundary.prev_prompt.text
 
 
-def _same_engine_versions(context: BlameContext) -> list[str]:
+def _same_engine_versions(context: BlameContext) -> list[EngineSpec]:
     """Other versions of the cell's engine that serve this model with the same parser names."""
-    if context.engine in ("raw", "bridge"):
+    if not context.engine.is_serving_engine:
         return []
-    from engine.parsers import get_engine, list_engines
+    from engine.serving.registry import get_engine, list_engines
 
     current = get_engine(context.engine)
     parsers = context.model.spec.engine_parsers.get(current.name, {})
@@ -985,5 +986,5 @@ def _same_engine_versions(context: BlameContext) -> list[str]:
             continue
         if parsers.get("tool_call_parser") and parsers["tool_call_parser"] not in other.tool_parsers:
             continue
-        others.append(spec)
+        others.append(other.release_spec)
     return others

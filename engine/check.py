@@ -17,6 +17,7 @@ from engine.matrix import cell_json
 from engine.models import load_model, special_token_vars
 from engine.sandbox import SandboxedRenderer, render_scope
 from engine.scenario import scenario_ids
+from engine.serving.spec import EngineSpec
 from engine.simulate import CellResult, run_cell_with
 from engine.uploads import PROBE_SCENARIO, UploadError, probe_prompt
 
@@ -29,7 +30,7 @@ WIDTH = 110
 class CheckReport:
     model: str
     template: str
-    engine: str  # as asked: raw, bridge, vllm, sglang@0.5.12, ...
+    engine: EngineSpec  # as asked: raw, bridge, vllm, sglang@0.5.12, ...
     engine_version: str
     cells: tuple[CellResult, ...]
     refused: str | None = None  # why the basic conversation failed; then no scenario was rendered
@@ -48,9 +49,9 @@ class CheckReport:
 
     @property
     def engine_label(self) -> str:
-        if self.engine in ENGINE_MEANING:
-            return f"{self.engine} ({ENGINE_MEANING[self.engine]})"
-        return f"{self.engine.partition('@')[0]} {self.engine_version}".strip()
+        if self.engine.kind in ENGINE_MEANING:
+            return f"{self.engine.kind} ({ENGINE_MEANING[self.engine.kind]})"
+        return f"{'real:' if self.engine.real_code else ''}{self.engine.kind} {self.engine_version}".strip()
 
     @property
     def text(self) -> str:
@@ -78,7 +79,7 @@ class CheckReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "template": self.template, "engine": self.engine,
+        return {"model": self.model, "template": self.template, "engine": str(self.engine),
                 "engine_version": self.engine_version, "refused": self.refused,
                 "breaks": self.breaks, "errors": self.errors,
                 "holds": sum(c.status == "holds" for c in self.cells),
@@ -92,8 +93,10 @@ def _wrap(text: str, first: str, rest: str) -> str:
                          break_on_hyphens=False)
 
 
-def check_template(model_id: str, template: Path, engine: str = "raw") -> CheckReport:
+def check_template(model_id: str, template: Path, engine: EngineSpec | str = "raw") -> CheckReport:
     from engine.uploads import UploadLimits, decode_text, read_path
+
+    engine = EngineSpec.of(engine)  # the CLI passes it parsed; a script may name it
 
     limits = UploadLimits.from_env()
     # Read as an upload is: under its size cap, UTF-8 without NUL bytes or a BOM, not empty.

@@ -9,14 +9,15 @@ bug), one sentence on stderr. Input files are read under the upload size caps (e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
-from engine.parsers import known_engine
 from engine.provenance import spans
+from engine.serving.registry import known_engine
 
 
 def parse_kwarg_value(text: str) -> Any:
@@ -134,19 +135,18 @@ def cmd_session(args: argparse.Namespace) -> int:
         return 0
     if not args.model or not args.script:
         raise ExplorerError("session needs --model and --script (only --what-if list runs without them)")
-    if args.engine:
-        known_engine(args.engine)
+    engine = known_engine(args.engine) if args.engine else None
     model = load_model(args.model)
     script = load_session(args.script)
     kwargs = parse_kwargs(args.kwargs)
-    settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy, args.engine)
+    settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy, engine)
     if args.what_if:
         result = run_what_if(args.what_if, model, script, settings)
         if args.engine and not result.engine and not args.json:
             print(f"# {args.what_if} compares first requests, which no engine changes (nothing parsed yet)")
         return _print_what_if(result, args.json)
     report = simulate_session(model, script, kwargs=kwargs, block_size=args.block_size,
-                              checkpoint_policy=args.checkpoint_policy, history=args.history, engine=args.engine)
+                              checkpoint_policy=args.checkpoint_policy, history=args.history, engine=engine)
     extras: dict[str, int] = {}
     if len(script.unrelated_questions) >= 2:
         extras["shared_unrelated_sessions"] = shared_across_sessions(model, script, kwargs)
@@ -253,8 +253,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         load_spec(model_id)
     for scenario_id in request.scenarios:
         load_scenario(scenario_id)
-    for engine in request.engines:
-        known_engine(engine)
+    request = dataclasses.replace(request, engines=tuple(known_engine(engine) for engine in request.engines))
     cells = run_matrix(request)
     data = matrix_json(cells)
     if args.json:
@@ -348,9 +347,9 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
-    from engine.parsers import for_parsers, get_engine
+    from engine.serving.registry import for_parsers, get_engine, parse_engine
 
-    emulation = get_engine(args.engine)
+    emulation = get_engine(parse_engine(args.engine))
     spec = load_spec(args.model)
     names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
     reasoning_parser = args.reasoning_parser or names.get("reasoning_parser")
@@ -363,7 +362,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
         raise ExplorerError(f"cannot read parse input: {err}") from err
     try:
         tokenizer = None
-        if emulation.reads_tokenizer:  # the real-engine backend: the model's added tokens reach the parsers
+        if emulation.is_real_release:  # the real-engine backend: the model's added tokens reach the parsers
             from engine.models import load_model
 
             tokenizer = load_model(args.model).tokenizer

@@ -24,6 +24,15 @@ class RenderError(ExplorerError):
         self.source_line = source_line
 
 
+class EngineSpecError(ExplorerError, ValueError):
+    """An engine name that names no engine column (engine.serving.spec.EngineSpec.parse); a ValueError too, as the
+    registry's refusals of a release are."""
+
+
+class UnknownEngineKind(EngineSpecError):
+    """An engine name whose engine is none of raw, bridge, renderers, vllm, sglang (the registry lists the rest)."""
+
+
 class TokenizerUnavailable(ExplorerError):
     """The model has no tokenizer here; string-level results still work."""
 

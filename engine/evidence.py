@@ -248,13 +248,11 @@ def source_url(origin: str, path: str, line: int, end_line: int | None = None, h
 
 
 def cause_url(cause: Cause, model: LoadedModel) -> str | None:
-    path, _, lines = cause.location.rpartition(":")
-    first, _, last = lines.partition("-")
-    if not first.isdigit():
+    where = cause.location
+    if where.line < 0:  # no line of its code is known
         return None
     hub_file = model.spec.assets["chat_template"].hub_file if "chat_template" in model.spec.assets else ""
-    return source_url(cause.origin, path, int(first), int(last) if last.isdigit() else None, model.spec.hub_repo,
-                      hub_file)
+    return source_url(cause.origin, where.path, where.line, where.end_line, model.spec.hub_repo, hub_file)
 
 
 @dataclass(frozen=True)
@@ -329,7 +327,7 @@ def explain_error(cell: CellResult, model: LoadedModel, around: int = 3) -> Erro
 
 def _engines_where_it_renders(cell: CellResult) -> list[str]:
     """The other engines (at their versions) whose cell for the same stock model and scenario is not an error."""
-    from engine.parsers import list_engines
+    from engine.serving.registry import list_engines
 
     if "+" in cell.model:
         return []
@@ -669,7 +667,8 @@ def cell_html_section(cell: CellResult, model: LoadedModel, context: int = 8) ->
         emitted = "".join(f"<br>emitted at <code>{html.escape(str(loc))}</code>: <code>{html.escape(loc.text)}</code>"
                           for loc in c.locations[1:])
         out.append(f"<div class='cause'><b>Cause</b> ({html.escape(c.stage)}, {html.escape(c.kind)}: "
-                   f"{html.escape(c.explanation)}): <code>{html.escape(c.location)}</code> in {html.escape(c.origin)}"
+                   f"{html.escape(c.explanation)}): <code>{html.escape(str(c.location))}</code> in "
+                   f"{html.escape(c.origin)}"
                    f"<br>{html.escape(c.changed)}{line}{emitted}<br>Proof: {html.escape(c.proof)}{fix}</div>")
     view = break_view(model, focus, context)
     s = focus.string_prefix
@@ -713,7 +712,7 @@ def matrix_csv(cells: list[CellResult]) -> str:
                          f.reused_tokens if f and f.reused_tokens is not None else "",
                          f.prefill_tokens if f and f.prefill_tokens is not None else "",
                          c.cause.stage if c.cause else "", c.cause.kind if c.cause else "",
-                         c.cause.location if c.cause else "", c.cause.fix.text if c.cause and c.cause.fix else ""])
+                         str(c.cause.location) if c.cause else "", c.cause.fix.text if c.cause and c.cause.fix else ""])
     return buf.getvalue()
 
 
@@ -755,7 +754,7 @@ def _check_kwargs(kwargs: dict, model: LoadedModel, where: str) -> None:
 
 
 def _replay_checked(evidence: dict, where: str) -> list[str]:
-    from engine.parsers import known_engine
+    from engine.serving.registry import known_engine
 
     try:
         repro = evidence["reproduce"]
@@ -770,7 +769,7 @@ def _replay_checked(evidence: dict, where: str) -> list[str]:
         if not isinstance(model_id, str):
             raise ValueError(f"unknown model of type {type(model_id).__name__}")
         load_scenario(scenario_id)
-        known_engine(engine)
+        engine = known_engine(engine)
     except (ExplorerError, ValueError) as err:
         raise ExplorerError(f"{where}: reproduce names {err}") from None
     upload = evidence.get("upload")

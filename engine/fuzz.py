@@ -24,6 +24,7 @@ from engine.errors import ExplorerError
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec
 from engine.scenario import Scenario, ScriptTurn, tool_library
+from engine.serving.spec import EngineSpec
 
 if TYPE_CHECKING:
     from engine.simulate import CellResult
@@ -244,11 +245,11 @@ def random_scenario(model_family: str, seed: int, index: int, target_words: int 
 _JOB: dict[str, Any] = {}
 
 
-def _init_worker(model_id: str, engine: str, seed: int) -> None:
+def _init_worker(model_id: str, engine: EngineSpec, seed: int) -> None:
     _JOB.update(model_id=model_id, engine=engine, seed=seed)
 
 
-def run_one(model_id: str, engine: str, seed: int, index: int) -> FuzzOutcome:
+def run_one(model_id: str, engine: EngineSpec | str, seed: int, index: int) -> FuzzOutcome:
     """One conversation through the simulator; never raises (a crash becomes an error outcome naming it)."""
     from engine.models import load_model
     from engine.simulate import run_cell_with
@@ -266,7 +267,7 @@ def run_one(model_id: str, engine: str, seed: int, index: int) -> FuzzOutcome:
     chars = len(last.next_prompt.text) if last is not None else 0
     cause = origin = detail = None
     if cell.cause is not None:
-        cause = (cell.cause.stage, cell.cause.kind, cell.cause.location)
+        cause = (cell.cause.stage, cell.cause.kind, str(cell.cause.location))
         origin, detail = cell.cause.origin, cell.cause.detail
     elif cell.status == "error":
         head = (cell.note or "").split(":", 1)[0]
@@ -279,17 +280,19 @@ def _run_index(index: int) -> FuzzOutcome:
     return run_one(_JOB["model_id"], _JOB["engine"], _JOB["seed"], index)
 
 
-def _check_inputs(model_id: str, engine: str) -> None:
+def _check_inputs(model_id: str, engine: str) -> EngineSpec:
+    """The engine parsed once (raw, bridge or a vLLM / SGLang release the registry serves), after the model."""
     from engine.models import load_spec
+    from engine.serving.registry import get_engine, parse_engine
 
     load_spec(model_id)  # raises ExplorerError naming the known models
-    if engine not in ("raw", "bridge"):
-        from engine.parsers import get_engine
-
-        try:
-            get_engine(engine)
-        except ValueError as err:
-            raise ExplorerError(f"fuzz: {err}") from err
+    try:
+        spec = parse_engine(engine)
+        if spec.kind not in ("raw", "bridge"):
+            get_engine(spec)
+    except ValueError as err:
+        raise ExplorerError(f"fuzz: {err}") from err
+    return spec
 
 
 def _rate(k: int, n: int) -> dict[str, float]:
@@ -330,7 +333,7 @@ def run_fuzz(model_id: str, engine: str, n: int, seed: int, workers: int | None 
     """N random conversations on `workers` processes (default: every core); same seed, same report."""
     if n < 1:
         raise ExplorerError(f"fuzz: --n must be at least 1, got {n}")
-    _check_inputs(model_id, engine)
+    spec = _check_inputs(model_id, engine)
     from engine.models import load_model
 
     load_model(model_id)  # loaded once here; forked workers inherit it
@@ -338,7 +341,7 @@ def run_fuzz(model_id: str, engine: str, n: int, seed: int, workers: int | None 
     start, cpu_start = time.perf_counter(), os.times()
     outcomes: list[FuzzOutcome] = []
     if workers == 1:
-        _init_worker(model_id, engine, seed)
+        _init_worker(model_id, spec, seed)
         for index in range(n):
             outcomes.append(_run_index(index))
             if progress:
@@ -350,7 +353,7 @@ def run_fuzz(model_id: str, engine: str, n: int, seed: int, workers: int | None 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
         chunk = max(1, min(64, n // (workers * 8)))
-        with context.Pool(workers, initializer=_init_worker, initargs=(model_id, engine, seed)) as pool:
+        with context.Pool(workers, initializer=_init_worker, initargs=(model_id, spec, seed)) as pool:
             for outcome in pool.imap_unordered(_run_index, range(n), chunksize=chunk):
                 outcomes.append(outcome)
                 if progress:
@@ -391,10 +394,10 @@ def conversation(model_id: str, engine: str, seed: int, index: int) -> tuple[Sce
     from engine.models import load_model
     from engine.simulate import run_cell_with
 
-    _check_inputs(model_id, engine)
+    spec = _check_inputs(model_id, engine)
     model = load_model(model_id)
     scenario = random_scenario(model.spec.family, seed, index)
-    return scenario, run_cell_with(model, scenario, engine, {})
+    return scenario, run_cell_with(model, scenario, spec, {})
 
 
 def conversation_text(scenario: Scenario, cell: CellResult) -> str:

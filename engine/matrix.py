@@ -7,6 +7,7 @@ from typing import Any
 
 from engine.models import default_model_ids
 from engine.scenario import load_scenario, scenario_ids
+from engine.serving.spec import EngineSpec
 from engine.simulate import ENGINES, Boundary, CellResult, run_cell
 
 
@@ -14,7 +15,7 @@ from engine.simulate import ENGINES, Boundary, CellResult, run_cell
 class MatrixRequest:
     models: tuple[str, ...]
     scenarios: tuple[str, ...]
-    engines: tuple[str, ...]
+    engines: tuple[EngineSpec | str, ...]  # names are parsed by run_cell; the CLI passes them parsed
     kwargs: dict[str, dict[str, Any]]  # model id -> template kwargs
 
 

@@ -28,11 +28,14 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
+from engine.client import scripted_message
 from engine.errors import ExplorerError, RenderError
 from engine.formats import Completion, get_format
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import Scenario
+from engine.serving.bridge import bridge_prompt, sampled_completion_ids
+from engine.serving.raw import raw_request
 from engine.tokenize import Tokenizer, token_ids
 from engine.types import Boundary, ParseResult, PrefixCheck, Rendered, RenderRequest, ToolCall
 
@@ -128,7 +131,7 @@ def _served(tokenizer: Tokenizer, hub_repo: str, family: str, eos_token: str | N
     from renderers.configs import config_from_name
 
     if family == "harmony":  # its GptOssRenderer loads the harmony encoding, whose vocabulary we rebuild offline
-        from engine.parsers.harmony_encoding import o200k_base_path
+        from engine.render.harmony_encoding import o200k_base_path
 
         o200k_base_path()
     kwargs = json.loads(kwargs_json)
@@ -201,8 +204,6 @@ def _rendered(model: LoadedModel, ids: Sequence[int], token_messages: Sequence[i
 def _template_difference(model: LoadedModel, messages: list[dict], tools: list[dict] | None, kwargs: dict,
                          ids: Sequence[int], request: int) -> str | None:
     """Where the package's full render of request `request` differs from the model's real template, or None."""
-    from engine.simulate import raw_request
-
     assert model.tokenizer is not None
     template = model.renderer.inner if hasattr(model.renderer, "inner") else model.renderer
     name = getattr(template, "source_path", "") or model.spec.renderer
@@ -232,15 +233,13 @@ def _bridge_difference(model: LoadedModel, boundary_parts: tuple, new_messages: 
                        request: int) -> str | None:
     """Where the package's bridged ids differ from what the model's template writes after the turn for the same new
     messages (engine.simulate's append-only bridge over the same previous ids), or None."""
-    from engine.simulate import _bridge_prompt, raw_request
-
     assert model.tokenizer is not None
     prompt, prompt_ids, completion, completion_ids = boundary_parts
     arguments = get_format(model.spec.family).arguments_in_history
     try:
-        ours = _bridge_prompt(model, prompt, completion, assistant, new_messages, assistant_index,
-                              lambda messages: model.renderer.render(raw_request(messages, arguments), tools,
-                                                                     add_generation_prompt=True, kwargs=kwargs))
+        ours = bridge_prompt(model, prompt, completion, assistant, new_messages, assistant_index,
+                             lambda messages: model.renderer.render(raw_request(messages, arguments), tools,
+                                                                    add_generation_prompt=True, kwargs=kwargs))
     except RenderError as err:
         return f"request {request}: the model's template cannot render the new messages ({err})"
     kept = len(prompt.text) + len(completion.text)
@@ -262,8 +261,6 @@ def roundtrip(model: LoadedModel, scenario: Scenario, kwargs: dict[str, Any],
               stop_after: int | None = None) -> tuple[tuple[Boundary, ...], str]:
     """The cell's boundaries and its note: which renderer, how each next prompt was built (bridged or rendered),
     and where a full render differs from the model's template."""
-    from engine.simulate import _completion_ids, scripted_message
-
     reason = unavailable_reason(model)
     if reason:
         raise Unavailable(reason)
@@ -354,7 +351,7 @@ def roundtrip(model: LoadedModel, scenario: Scenario, kwargs: dict[str, Any],
             prompt_ids, prompt_messages = full_render(1)
             prompt = _rendered(model, prompt_ids, prompt_messages, label)
         completion: Completion = fmt.write(turn.assistant, stop)
-        completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens) or ()
+        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens) or ()
         prefilled = _prefilled(model.tokenizer, prompt_ids, completion_ids)
         if prefilled:
             # The generation prompt already holds how the model's turn starts (GPT-OSS: renderers' prompt ends with

@@ -657,7 +657,7 @@ class _WorkerState:
     def preload(self) -> None:
         from engine.render import jinja
 
-        jinja._transformers_pieces()
+        jinja.transformers_pieces()
         self.renderer_class = _bounded_renderer_class()
 
     def handle(self, request: dict) -> dict:
@@ -742,7 +742,7 @@ class _WorkerState:
                 # transformers caches every template it compiled, without bound; start it afresh.
                 from engine.render import jinja
 
-                jinja._transformers_pieces()._compile_jinja_template.cache_clear()
+                jinja.transformers_pieces()._compile_jinja_template.cache_clear()
         self.templates.move_to_end(key)
         return renderer
 
@@ -792,9 +792,9 @@ def _memory_mb() -> int:
 
 
 def _line_of(err: BaseException) -> int | None:
-    from engine.render.jinja import _template_line_of
+    from engine.render.jinja import template_line_of
 
-    return _template_line_of(err)
+    return template_line_of(err)
 
 
 def _bounded_renderer_class() -> type:
@@ -867,9 +867,9 @@ def syntax_error_position(source: str, err: Any) -> tuple[int | None, int | None
     from jinja2.lexer import TokenStream
     from jinja2.parser import Parser
 
-    from engine.render.jinja import _transformers_pieces
+    from engine.render.jinja import transformers_pieces
 
-    env = _transformers_pieces()._compile_jinja_template("").environment
+    env = transformers_pieces()._compile_jinja_template("").environment
     line = err.lineno
     ignored = {"whitespace", "comment_begin", "comment", "comment_end", "raw_begin", "raw_end",
                "linecomment_begin", "linecomment", "linecomment_end"}

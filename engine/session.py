@@ -76,13 +76,16 @@ from typing import Any
 import numpy as np
 
 from engine.call_ids import SessionCallIds
+from engine.client import client_call_ids, client_message
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
-from engine.parsers import get_engine, list_engines, parse_served, serving_engine
 from engine.prefix import SharedSequence, common_prefix, shared_common_prefix
-from engine.simulate import client_call_ids, client_message, raw_request, reasoning_forced, turn_as_written
+from engine.serving.raw import raw_request
+from engine.serving.registry import get_engine, list_engines, parse_served, serving_engine
+from engine.serving.spec import EngineSpec
+from engine.simulate import reasoning_forced, turn_as_written
 from engine.tokenize import TokenizedText, Tokenizer, known_agreement, token_ids, tokenize_extending
 from engine.types import Edit, Location, ParseResult, Rendered, Tokens
 
@@ -657,7 +660,7 @@ def simulate_session(
     checkpoint_policy: str = "prompt-and-generation-end",
     history: str = "template",
     rewrites: Sequence[StepRewrite | ToolsChange] = (),
-    engine: str | None = None,
+    engine: EngineSpec | str | None = None,
 ) -> SessionReport:
     """The session request by request; `engine` (raw, vllm, sglang[@version]) sends each reply through the
     engine as production does (see the module docstring), None renders the scripted replies with the template."""
@@ -672,10 +675,11 @@ def simulate_session(
     if engine is not None and history != "template":
         raise ExplorerError(f"engine {engine!r} re-renders every request from the parsed messages, so it cannot "
                             f"keep the history {history!r}; use history 'template' with an engine")
-    if engine not in (None, "raw"):
-        model = _as_served(model, engine)
+    spec = _session_engine(engine) if engine is not None else None
+    if spec is not None and spec.is_serving_engine:
+        model = _as_served(model, spec)
     template_kwargs, render = _session_renderer(model, script, kwargs)
-    engine_side = _EngineSide(model, script, engine, template_kwargs, render) if engine is not None else None
+    engine_side = _EngineSide(model, script, spec, template_kwargs, render) if spec is not None else None
     tokenizer = model.tokenizer
     assert tokenizer is not None  # _session_renderer refuses a model without one
 
@@ -771,7 +775,24 @@ def _assistant_turn(script: SessionScript, index: int) -> AssistantTurn:
     return AssistantTurn(reasoning, content, tool_call_specs(reply.get("tool_calls"), where))
 
 
-def _as_served(model: LoadedModel, engine: str) -> LoadedModel:
+def _session_engine(engine: EngineSpec | str) -> EngineSpec:
+    """The engine a session runs through, parsed once: raw or a vLLM / SGLang release (not bridge or renderers)."""
+    try:
+        spec = EngineSpec.of(engine)
+    except ValueError:
+        spec = None
+    if spec is None or not (spec.kind == "raw" or spec.is_serving_engine):
+        raise _unknown_session_engine(str(engine))
+    return spec
+
+
+def _unknown_session_engine(engine: str) -> ExplorerError:
+    known = ", ".join(["raw", "vllm", "sglang", *list_engines()])
+    hint = " (bridge is history 'append')" if engine == "bridge" else ""
+    return ExplorerError(f"unknown engine {engine!r} for a session{hint}; known: {known}")
+
+
+def _as_served(model: LoadedModel, engine: EngineSpec) -> LoadedModel:
     """The model as `engine`'s release renders it (engine.serving.rendering); an unknown engine is _EngineSide's
     to report."""
     from engine.serving.rendering import ServingUnavailable, served_model
@@ -788,18 +809,16 @@ class _EngineSide:
     """Builds each request as the client sends it after the engine parsed the earlier replies, and writes the
     scripted reply as the model's completion: the sequence the cache then holds is prompt + completion."""
 
-    def __init__(self, model: LoadedModel, script: SessionScript, engine: str, template_kwargs: dict[str, Any],
-                 render: RenderFn) -> None:
+    def __init__(self, model: LoadedModel, script: SessionScript, engine: EngineSpec,
+                 template_kwargs: dict[str, Any], render: RenderFn) -> None:
         self.model, self.script, self.kwargs, self.render = model, script, template_kwargs, render
-        if engine == "raw":
+        if engine.kind == "raw":
             self.emulation, self.name, self.version = None, "raw", ""
         else:
             try:
                 serving = serving_engine(engine, model.spec.engine_parsers)
             except ValueError:
-                known = ", ".join(["raw", "vllm", "sglang", *list_engines()])
-                hint = " (bridge is history 'append')" if engine == "bridge" else ""
-                raise ExplorerError(f"unknown engine {engine!r} for a session{hint}; known: {known}") from None
+                raise _unknown_session_engine(str(engine)) from None
             self.emulation, self.parsers = serving.engine, serving.parsers
             self.name, self.version = self.emulation.name, self.emulation.version
         if self.emulation is None:
@@ -1159,7 +1178,7 @@ class SessionSettings:
     kwargs: dict[str, Any] = field(default_factory=dict)
     block_size: int = 16
     checkpoint_policy: str = "prompt-and-generation-end"
-    engine: str | None = None  # both sides of the comparison through this engine (raw, vllm, sglang[@version])
+    engine: EngineSpec | str | None = None  # both sides of the comparison through this engine (raw, vllm, sglang@X)
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,17 @@ from functools import lru_cache
 from typing import Any
 
 from engine.call_ids import SessionCallIds
+from engine.client import client_call_ids, client_message, scripted_message, undo_request_edit
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
-from engine.formats.base import OutputFormat, prompt_opens_reasoning
+from engine.formats.base import prompt_opens_reasoning
 from engine.models import LoadedModel, load_model
-from engine.parsers.base import EngineEmulation, RequestPrep
 from engine.prefix import common_prefix
-from engine.scenario import Scenario, ScriptTurn, load_scenario
+from engine.scenario import Scenario, load_scenario
+from engine.serving.base import EngineEmulation, RequestPrep
+from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
+from engine.serving.raw import raw_request
+from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
 from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and PrefixCheck are imported from here too
     Boundary,
@@ -45,10 +49,10 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
 ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
 
-def _engine_parts(engine: str) -> tuple[str, str]:
-    if engine in ("raw", "bridge"):
-        return engine, ""
-    if engine.partition("@")[0] == "renderers":  # as asked, or renderers@<version> from evidence
+def _engine_parts(engine: EngineSpec) -> tuple[str, str]:
+    if engine.kind in ("raw", "bridge"):
+        return engine.kind, ""
+    if engine.kind == "renderers":  # as asked, or renderers@<version> from evidence
         from engine import renderers_column
 
         return "renderers", renderers_column.version()
@@ -56,102 +60,16 @@ def _engine_parts(engine: str) -> tuple[str, str]:
     return emulation.name, emulation.version
 
 
-def _engine(engine: str):
-    from engine.parsers import get_engine
+def _parsed(engine: str) -> EngineSpec:
+    from engine.serving.registry import parse_engine
+
+    return parse_engine(engine)
+
+
+def _engine(engine: EngineSpec) -> EngineEmulation:
+    from engine.serving.registry import get_engine  # at call time: a test swaps the registry's get_engine
 
     return get_engine(engine)
-
-
-def client_message(parsed: ParseResult, call_ids: list[str], *, send_reasoning: bool = True) -> dict:
-    """The assistant message an OpenAI-style client sends back: what the engine returned, fields as named
-    (`send_reasoning=False`: without reasoning_content, as clients that only keep content and tool_calls do)."""
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if parsed.reasoning is not None and send_reasoning:
-        message["reasoning_content"] = parsed.reasoning
-    if parsed.tool_calls:
-        message["tool_calls"] = [
-            {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c, cid in zip(parsed.tool_calls, call_ids)
-        ]
-    return message
-
-
-def client_call_ids(parsed: ParseResult, scripted: list[str | None], fmt: OutputFormat, session_ids: SessionCallIds,
-                    calls_so_far: int) -> list[str]:
-    """The ids a client sends back for the engine's calls: the engine's own (its random ones made stable and
-    distinct, engine.call_ids), else the script's, else the client's numbering (`OutputFormat.client_call_id`)."""
-    return [session_ids.client_id(c.id, calls_so_far + i) if c.id else
-            scripted[i] if i < len(scripted) and scripted[i] else fmt.client_call_id(calls_so_far + i)
-            for i, c in enumerate(parsed.tool_calls)]
-
-
-def scripted_message(turn: ScriptTurn, call_ids: list[str], call_cursor: int) -> dict[str, Any]:
-    """A scenario's user or tool turn as the client sends it; a tool result answers the `call_cursor`-th call of the
-    latest assistant turn."""
-    message: dict[str, Any] = {"role": turn.role, "content": turn.text}
-    if turn.role == "tool":
-        message["tool_call_id"] = call_ids[call_cursor] if call_cursor < len(call_ids) else "call_missing"
-    return message
-
-
-def undo_request_edit(prepared: list[dict], client_messages: list[dict], edit: Edit) -> list[dict]:
-    """The engine's prepared messages with one request-side edit undone: the field it changed back as the client
-    sent it (a call's arguments string; a message's reasoning fields)."""
-    from engine.parsers.base import json_copy
-
-    restored = json_copy(prepared)
-    for index, (message, original) in enumerate(zip(restored, client_messages)):
-        if edit.before.startswith(f"messages[{index}]."):
-            for key in ("reasoning", "reasoning_content"):
-                message.pop(key, None)
-                if key in original:
-                    message[key] = original[key]
-            continue
-        for call, original_call in zip(message.get("tool_calls") or [], original.get("tool_calls") or []):
-            arguments = original_call.get("function", {}).get("arguments")
-            if arguments == edit.before:
-                call["function"]["arguments"] = arguments
-    return restored
-
-
-def raw_request(messages: list[dict], arguments_in_history: str) -> list[dict]:
-    """The raw engine hands arguments over losslessly in the form the model's own template expects."""
-    if arguments_in_history != "mapping":
-        return messages
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                args = c["function"]["arguments"]
-                if isinstance(args, str):
-                    try:
-                        loaded = json.loads(args)
-                        args = loaded if isinstance(loaded, dict) else args
-                    except json.JSONDecodeError:
-                        pass
-                calls.append({**c, "function": {**c["function"], "arguments": args}})
-            m = {**m, "tool_calls": calls}
-        out.append(m)
-    return out
-
-
-def _completion_ids(model: LoadedModel, completion: Completion, noncanonical: bool) -> tuple[int, ...] | None:
-    if model.tokenizer is None:
-        return None
-    whole = token_ids(model.tokenizer, completion.text)
-    if not noncanonical:
-        return whole
-    # A sampled tokenization that decodes to the same text but is not what re-tokenization gives back:
-    # split one word of at least four letters in two.
-    text = completion.text
-    for start in range(len(text)):
-        if text[start:start + 4].isalpha() and (start == 0 or not text[start - 1].isalpha()):
-            cut = start + 2
-            ids = token_ids(model.tokenizer, text[:cut]) + token_ids(model.tokenizer, text[cut:])
-            if ids != whole and model.tokenizer.decode(ids) == text:
-                return ids
-    return whole
 
 
 def _ids(model: LoadedModel, text: str) -> tuple[int, ...] | None:
@@ -159,12 +77,13 @@ def _ids(model: LoadedModel, text: str) -> tuple[int, ...] | None:
 
 
 @lru_cache(maxsize=4096)
-def _cached_cell(model_id: str, scenario_id: str, engine: str, kwargs_json: str, explain: bool) -> CellResult:
+def _cached_cell(model_id: str, scenario_id: str, engine: EngineSpec | str, kwargs_json: str,
+                 explain: bool) -> CellResult:
     # Only scenarios by id are cached: an in-memory scenario is somebody's data, not a name.
     return run_cell_with(load_model(model_id), scenario_id, engine, json.loads(kwargs_json), explain=explain)
 
 
-def run_cell(model_id: str, scenario_id: str, engine: str, kwargs: dict[str, Any] | None = None,
+def run_cell(model_id: str, scenario_id: str, engine: EngineSpec | str, kwargs: dict[str, Any] | None = None,
              *, explain: bool = True) -> CellResult:
     """One matrix cell. `kwargs` are template kwargs on top of the model's defaults and the scenario's."""
     return _cached_cell(model_id, scenario_id, engine, json.dumps(kwargs or {}, sort_keys=True), explain)
@@ -180,24 +99,26 @@ class _Overrides:
     request_undo: Edit | None = None
 
 
-def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, user_kwargs: dict[str, Any], *,
-                  explain: bool = True, hints: bool = True, stop_after: int | None = None,
-                  overrides: _Overrides | None = None) -> CellResult:
+def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
+                  user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
+                  stop_after: int | None = None, overrides: _Overrides | None = None) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
-    status is about those."""
+    status is about those. `engine`: a spec, or its name (parsed here, once)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
     kwargs = {**model.spec.default_kwargs(), **scenario.kwargs, **user_kwargs}
     try:
+        if isinstance(engine, str):
+            engine = _parsed(engine)
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
-        return CellResult(model_id, scenario.id, engine, "", kwargs, Status.UNAVAILABLE, note=str(err))
+        return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
-    emulation = None if engine_name in ("raw", "bridge", "renderers") else _engine(engine)
+    emulation = _engine(engine) if engine.is_serving_engine else None
     try:
         # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
         model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
@@ -205,7 +126,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
         return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
                 asset_hashes=model.asset_hashes)
-    if engine_name == "renderers":
+    if engine.kind == "renderers":
         return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
 
     def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
@@ -218,7 +139,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     except _Failed as err:
         return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
-    if engine == "bridge":  # which renderer the column used, and that it rendered no history
+    if engine.kind == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
         note = f"{used}; {note}" if note else used
@@ -234,13 +155,13 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: str, use
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
 
 
-def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict[str, Any],
+def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict[str, Any],
                     base: dict[str, Any], stop_after: int | None) -> CellResult:
     """The `renderers` column (engine.renderers_column). No cause is attributed: the package's renderers are Python
     ports with no template constructs to undo; the note says how each next prompt was built."""
     from engine import renderers_column
 
-    asked = engine.partition("@")[2]
+    asked = engine.version
     if asked and asked != base["engine_version"]:
         return CellResult(**base, status=Status.UNAVAILABLE,
                           note=f"renderers {asked[:40]} was asked for, but renderers {base['engine_version']} is the "
@@ -266,7 +187,7 @@ def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | 
     def rerun(change: Change) -> Boundary | None:
         index = broken.index
         if isinstance(change, UndoTemplate):
-            return _rerender(model, change.base or broken, change)
+            return rerender(model, change.base or broken, change)
         if isinstance(change, UseParse):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
                                              overrides=_Overrides(index, parse=change.parse)))
@@ -287,7 +208,7 @@ def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | 
     return rerun
 
 
-def _rerender(model: LoadedModel, broken: Boundary, change: UndoTemplate) -> Boundary | None:
+def rerender(model: LoadedModel, broken: Boundary, change: UndoTemplate) -> Boundary | None:
     """The next prompt rendered again with template constructs undone for one message; the rest is unchanged."""
     request = broken.next_request
     counterfactual = getattr(model.renderer, "render_counterfactual", None)
@@ -316,7 +237,7 @@ class _Failed(ExplorerError):
         self.boundaries = boundaries
 
 
-def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict,
+def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
                emulation: EngineEmulation | None = None, *, trace_parses: bool = True) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
@@ -326,8 +247,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
     traced: bool | None = None  # None: the real backend's own choice, traced where that is cheap
-    if engine not in ("raw", "bridge"):
-        from engine.parsers import parse_served, serving_engine
+    if engine.is_serving_engine:
+        from engine.serving.registry import parse_served, serving_engine
 
         serving = serving_engine(engine, model.spec.engine_parsers)
         emulation, parsers = serving.engine, serving.parsers
@@ -394,14 +315,14 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: str, kwargs: dict
                     break
             continue
         assert turn.assistant is not None
-        if engine == "bridge" and boundaries:
+        if engine.kind == "bridge" and boundaries:
             prompt = boundaries[-1].next_prompt
             prompt_ids = boundaries[-1].next_ids
         else:
             prompt, _ = render(history, True)
             prompt_ids = _ids(model, prompt.text)
         completion = fmt.write(turn_as_written(model, turn.assistant, prompt.text), stop)
-        completion_ids = _completion_ids(model, completion, turn.noncanonical_tokens)
+        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens)
         if emulation is not None:
             request = dict(reasoning_parser=parsers.get("reasoning_parser"),
                            tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
@@ -484,15 +405,16 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
     return replace(turn, reasoning=None)
 
 
-def _close_boundary(model, engine, history, pending, render, index, trigger, last_request) -> Boundary:
+def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
+                    last_request) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
-    if engine == "bridge":
-        next_prompt = _bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
-                                     assistant_index, lambda messages: render(messages, True)[0])
+    if engine.kind == "bridge":
+        next_prompt = bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
+                                    assistant_index, lambda messages: render(messages, True)[0])
         request_edits: tuple[Edit, ...] = ()
-        next_ids = _bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
+        next_ids = bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:
         next_prompt, request_edits = render(history, True)
         next_ids = _ids(model, next_prompt.text)
@@ -502,86 +424,3 @@ def _close_boundary(model, engine, history, pending, render, index, trigger, las
         token_check = PrefixCheck(len(prev_ids), common_prefix(prev_ids, next_ids))
     return Boundary(index, trigger, prompt, completion, completion_ids, prompt_ids, parsed, request_edits,
                     next_prompt, next_ids, string_check, token_check, last_request[0])
-
-
-# The minimal history the bridge renders the new messages after: a one-line user turn and an assistant turn with the
-# real turn's tool calls (names and ids only; templates name a tool result after the call it answers), so no message
-# the model or the user wrote is ever rendered again.
-_SYNTHETIC_USER = {"role": "user", "content": "Go on."}
-
-
-def _synthetic_history(assistant: dict) -> list[dict]:
-    message: dict[str, Any] = {"role": "assistant", "content": "" if assistant.get("tool_calls") else "OK."}
-    calls = [{"id": call.get("id"), "type": "function",
-              "function": {"name": (call.get("function") or {}).get("name"), "arguments": "{}"}}
-             for call in assistant.get("tool_calls") or []]
-    if calls:
-        message["tool_calls"] = calls
-    return [dict(_SYNTHETIC_USER), message]
-
-
-def _turn_closes(model: LoadedModel, completion: Completion) -> tuple[str, ...]:
-    """The strings that end an assistant turn: the model's stop tokens and the template's turn end, longest first."""
-    closes = {*model.spec.stop_tokens, model.spec.special_tokens.get("turn_end") or "", completion.stop_token or ""}
-    return tuple(sorted((c for c in closes if c), key=len, reverse=True))
-
-
-def _bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, assistant: dict,
-                   new_messages: list[dict], assistant_index: int,
-                   render: Callable[[list[dict]], Rendered]) -> Rendered:
-    """Append-only next prompt: the previous prompt and completion byte for byte, the turn close synthesised after a
-    truncation, then what the template renders after an assistant turn's close for the new messages alone.
-
-    The new messages are rendered after a synthetic closed history (`_synthetic_history`) and the text after that
-    history's turn close is taken, as rllm's generic chat-template parser takes a generation prompt as a suffix: the
-    history itself is never rendered again, so the bridge holds wherever the new messages render. What follows the
-    close before the next message (Qwen's newline after <|im_end|>, which the engine does not return) comes with it,
-    as the template renders it."""
-    roles = [m.get("role") for m in new_messages]
-    if "assistant" in roles or not new_messages:
-        raise RenderError("the bridge appends only user and tool messages; re-rendering an assistant message would "
-                          "replace what the model sampled (new messages: " + ", ".join(map(str, roles)) + ")")
-    synthetic = _synthetic_history(assistant)
-    extended = render(synthetic + new_messages)
-    text, idx = extended.text, extended.message_index
-    first_new = len(synthetic)
-    # C-speed tuple.index per distinct message instead of a Python loop over every character.
-    assistant_at = idx.index(first_new - 1) if first_new - 1 in idx else None
-    new_at = min((idx.index(m) for m in set(idx) if m >= first_new), default=len(text))
-    # The synthetic turn's close: the last close that starts within it, up to where the new messages start (GLM's
-    # close is the next message's own opener, <|observation|> or <|user|>).
-    close_at, close = -1, ""
-    for candidate in _turn_closes(model, completion):
-        at = text.rfind(candidate, assistant_at or 0, new_at + len(candidate))
-        if at > close_at and at <= new_at:
-            close_at, close = at, candidate
-    if assistant_at is None or close_at < 0:
-        raise RenderError(f"{extended.source_path or extended.origin} for model {model.id}: the bridge found no turn "
-                          f"close ({', '.join(_turn_closes(model, completion))}) after the assistant turn it renders "
-                          "the new messages after")
-    # After a truncation the close is synthesised as the template writes it; otherwise the model sampled it.
-    kept_from = close_at if completion.truncated else close_at + len(close)
-
-    def appended_index(m: int) -> int:
-        if m >= first_new:
-            return assistant_index + 1 + m - first_new
-        return m if m < 0 else assistant_index  # the close and what follows it belong to the assistant turn
-
-    def provenance() -> Provenance:
-        # The previous prompt's provenance is read only when somebody reads this prompt's.
-        return (prompt.message_index + (assistant_index,) * len(completion.text)
-                + tuple(appended_index(m) for m in idx[kept_from:]),
-                prompt.source_line + (0,) * len(completion.text) + extended.source_line[kept_from:])
-
-    return Rendered(
-        text=prompt.text + completion.text + text[kept_from:],
-        source_path=extended.source_path,
-        origin=f"bridge over {extended.origin}",
-        provenance=provenance,
-    )
-
-
-def _bridge_ids(model: LoadedModel, prev_ids: tuple[int, ...] | None, appended: str) -> tuple[int, ...] | None:
-    if prev_ids is None or model.tokenizer is None:
-        return None
-    return prev_ids + token_ids(model.tokenizer, appended)

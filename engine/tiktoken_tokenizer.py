@@ -133,7 +133,7 @@ def load_o200k_harmony() -> TiktokenTokenizer:
     """o200k_harmony exactly as tiktoken defines it, with the ranks rebuilt offline from quicktok-v1."""
     from tiktoken_ext import openai_public
 
-    from engine.parsers.harmony_encoding import O200K_BASE_SHA256, o200k_base_path
+    from engine.render.harmony_encoding import O200K_BASE_SHA256, o200k_base_path
 
     ranks_path = o200k_base_path()
 

@@ -12,23 +12,29 @@ a caller (the app's release strip) that shows them as they arrive instead of wai
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from packaging.version import Version
 
 from engine.serving.real import fetch
+from engine.serving.spec import EngineSpec, ParserPair
 from engine.simulate import CellResult, run_cell
 
 
 @dataclass(frozen=True)
 class ReleaseOutcome:
-    release: str  # engine@version
+    engine: str  # vllm | sglang
+    version: str
     status: str
     first_break: int | None  # the 1-based boundary that breaks, or None
     cause: dict | None  # Cause.to_json()
     parses: tuple[dict, ...]  # per boundary: what the engine returned (reasoning, content, tool_calls, error)
     note: str | None
     changed: bool = False  # differs from the previous release run
+
+    @property
+    def release(self) -> str:
+        return f"{self.engine}@{self.version}"
 
     @property
     def signature(self) -> tuple:
@@ -50,23 +56,23 @@ def releases(engine: str, first: str | None = None, last: str | None = None) -> 
     return [v for v in versions if (low is None or Version(v) >= low) and (high is None or Version(v) <= high)]
 
 
-def _outcome(cell: CellResult, release: str) -> ReleaseOutcome:
+def _outcome(cell: CellResult, release: EngineSpec) -> ReleaseOutcome:
     focus = next((b for b in cell.boundaries if not b.holds), None)
     parses = tuple({key: value for key, value in b.parse.to_json().items() if key != "edits"}
                    for b in cell.boundaries)
     for parse in parses:
         for call in parse.get("tool_calls", []):
             call.pop("id", None)  # random per run
-    return ReleaseOutcome(release, cell.status, focus.index if focus else None,
+    return ReleaseOutcome(release.kind, release.version or "", cell.status, focus.index if focus else None,
                           cell.cause.to_json() if cell.cause else None, parses, cell.note)
 
 
 def outcome(model: str, scenario: str, engine: str, version: str, kwargs: dict | None = None,
-            pair: str = "") -> ReleaseOutcome:
-    """The cell on one release, from its own code; `pair` ("qwen3+hermes", the engine's CLI names) replaces the
-    model's own parser pair."""
-    spec = f"{engine}@{version}"
-    return _outcome(run_cell(model, scenario, f"real:{spec}" + (f"/{pair}" if pair else ""), kwargs), spec)
+            pair: ParserPair | None = None) -> ReleaseOutcome:
+    """The cell on one release, from its own code (real:, the pinned releases too); `pair` replaces the model's own
+    parser pair."""
+    release = EngineSpec(engine, version)  # type: ignore[arg-type]  # engine: vllm | sglang
+    return _outcome(run_cell(model, scenario, replace(release, parsers=pair, real_code=True), kwargs), release)
 
 
 def marked(ordered: list[ReleaseOutcome]) -> list[ReleaseOutcome]:
@@ -112,7 +118,8 @@ class TimelineRun:
     sentence of a failure that stopped the run (a release whose cell fails is a row with status "error", not that).
     Cost: one cell per release, about 1 s cold each (its worker starting), milliseconds warm."""
 
-    def __init__(self, model: str, scenario: str, engine: str, *, kwargs: dict | None = None, pair: str = "") -> None:
+    def __init__(self, model: str, scenario: str, engine: str, *, kwargs: dict | None = None,
+                 pair: ParserPair | None = None) -> None:
         self.model, self.scenario, self.engine, self.kwargs, self.pair = model, scenario, engine, kwargs, pair
         self.versions = releases(engine)
         self._outcomes: list[ReleaseOutcome] = []

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from engine.serving.spec import EngineSpec
+
 
 @dataclass(frozen=True)
 class Location:
@@ -328,8 +330,9 @@ class Cause:
     edit: Edit | None = None
 
     @property
-    def location(self) -> str:
-        return str(self.locations[0])
+    def location(self) -> Location:
+        """The construct that changed the text first; `str()` of it is the "path:line" label the JSON carries."""
+        return self.locations[0]
 
     @property
     def origin(self) -> str:
@@ -344,7 +347,7 @@ class Cause:
         return CAUSE_KINDS.get(self.kind, "")
 
     def to_json(self) -> dict:
-        return {"stage": self.stage, "kind": self.kind, "location": self.location, "origin": self.origin,
+        return {"stage": self.stage, "kind": self.kind, "location": str(self.location), "origin": self.origin,
                 "detail": self.detail, "fix": self.fix.to_json() if self.fix else None,
                 "locations": [{"origin": loc.origin, "path": loc.path, "line": loc.line, "end_line": loc.end_line,
                                "text": loc.text} for loc in self.locations],
@@ -410,7 +413,7 @@ class WithKwargs:
 
 @dataclass(frozen=True)
 class WithEngine:
-    engine: str
+    engine: EngineSpec
 
 
 Change = UseParse | UndoRequestEdit | UndoTemplate | EchoingClient | WithKwargs | WithEngine

@@ -200,9 +200,9 @@ class Workspace:
         staging.mkdir()
         try:
             for f in stored:
-                _write_atomic(staging / f.stored_as, bytes(files[f.role][1]))
-            _write_atomic(staging / META, json.dumps(meta, ensure_ascii=False, indent=2).encode("utf-8"))
-            _fsync_dir(staging)
+                write_atomic(staging / f.stored_as, bytes(files[f.role][1]))
+            write_atomic(staging / META, json.dumps(meta, ensure_ascii=False, indent=2).encode("utf-8"))
+            fsync_dir(staging)
             self._publish(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -223,7 +223,7 @@ class Workspace:
                 if not target.is_dir():
                     raise
                 shutil.rmtree(staging, ignore_errors=True)  # another request stored the same upload first
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         _forget(self.root, target.name)
 
     def remove(self, upload_id: str) -> None:
@@ -524,7 +524,7 @@ def _label(label: str | None, template_name: str, upload_id: str) -> str:
     return f"upload-{upload_id[:8]}"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
     try:
         with open(temporary, "xb") as handle:
@@ -537,7 +537,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     # Makes the renames inside `path` durable; not every platform can open a folder.
     try:
         fd = os.open(path, os.O_RDONLY)

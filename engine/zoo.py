@@ -141,7 +141,7 @@ class FormatMatch:
 
 def match_format(source: str) -> FormatMatch:
     """The format whose markers all occur in the template, most markers first (ties by name)."""
-    from engine.formats.base import registered_formats
+    from engine.formats import registered_formats
 
     candidates = sorted((f for f in registered_formats() if f.template_markers),
                         key=lambda f: (-len(f.template_markers), f.family))

@@ -35,7 +35,7 @@ from engine.models import LoadedModel, load_model
 from engine.scenario import load_scenario
 from engine.serving.rendering import cell_model
 from engine.simulate import Boundary, CellResult
-from engine.types import Cause
+from engine.types import Cause, Location
 
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
@@ -128,7 +128,7 @@ def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], Non
         if cause.line_text:
             st.code(cause.line_text, language=None)
         if cause.stage == "template":
-            _template_lines(model, cause.location)
+            _template_lines(model, cause.location)  # the construct's lines, highlighted
             for emitted in cause.locations[1:]:
                 st.text(f"Emitted at {emitted}:")
                 st.code(emitted.text, language=None)
@@ -150,12 +150,11 @@ def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], Non
             st.caption(plain(f"Fix proof: {fix.proof}"))
 
 
-def _template_lines(model: LoadedModel, location: str, around: int = 3) -> None:
-    _, _, line_part = location.rpartition(":")
-    if not line_part.split("-")[0].isdigit():
+def _template_lines(model: LoadedModel, location: Location, around: int = 3) -> None:
+    if location.line < 0:  # no line of the template is known
         return
-    line = int(line_part.split("-")[0])
-    end = int(line_part.split("-")[1]) if "-" in line_part and line_part.split("-")[1].isdigit() else line
+    line = location.line
+    end = location.end_line or line
     # The whole construct highlighted, with `around` lines either side.
     _excerpt_table(source_excerpt(model.renderer.source_lines(), line, around, end), line, end)
 

@@ -12,12 +12,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from engine.errors import EngineSpecError
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec
-from engine.parsers import engine_versions, list_engines
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
+from engine.serving.registry import engine_versions, list_engines
+from engine.serving.spec import EngineSpec, ParserPair
 from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
@@ -62,7 +64,8 @@ class Row:
 
     label: str
     scenario: str
-    engine: str  # engine argument: "vllm@0.33.0", "raw", ...
+    # The column: raw, vllm@0.33.0, ...; the sidebar's text as typed when its parser pair names none (cells say why).
+    engine: EngineSpec | str
 
 
 def _init_from_url() -> None:
@@ -123,14 +126,14 @@ def _kwargs_from_link(text: str) -> list[str]:
 def _link_cell_problem(selected: dict) -> str | None:
     """Why a link's selected cell cannot be opened (an unknown model, scenario, engine or upload), or None."""
     from engine.errors import ExplorerError
-    from engine.parsers import known_engine
+    from engine.serving.registry import known_engine
 
     if selected["model"] not in default_model_ids():
         return f"unknown model {selected['model'][:40]!r}"
     if selected["scenario"] not in scenario_ids():
         return f"unknown scenario {selected['scenario'][:40]!r}"
     try:
-        known_engine(selected["engine"])
+        selected["engine"] = known_engine(selected["engine"])  # parsed once: the link's text is not read again
     except ExplorerError as err:
         return str(err).split(";")[0]
     upload = selected.get("upload")
@@ -139,11 +142,18 @@ def _link_cell_problem(selected: dict) -> str | None:
     return None
 
 
-def _engine_spec(name: str) -> str:
+def _engine_spec(name: str) -> EngineSpec | str:
+    """The column the sidebar picks: raw, bridge, renderers, or vLLM / SGLang at the chosen release with the typed
+    parser pair; a pair that names none stays the text as typed, whose cells then say why."""
     if name not in VERSIONS:
-        return name
+        return EngineSpec.parse(name)
+    release = EngineSpec.parse(name)
+    version = st.session_state.get(f"ver:{name}", VERSIONS[name][0])
     pair = st.session_state.get(f"parsers:{name}", "").strip()  # "qwen3+hermes": the engine's own CLI names
-    return f"{name}@{st.session_state.get(f'ver:{name}', VERSIONS[name][0])}" + (f"/{pair}" if pair else "")
+    try:
+        return dataclasses.replace(release, version=version, parsers=ParserPair.parse(pair) if pair else None)
+    except EngineSpecError:
+        return f"{name}@{version}/{pair}"
 
 
 def _apply_fix(fix: dict) -> None:
@@ -152,13 +162,13 @@ def _apply_fix(fix: dict) -> None:
     if fix.get("kind") == "kwarg" and selected:
         st.session_state[kwarg_state_key(selected["model"], fix["kwarg"])] = fix["value"]
     elif fix.get("kind") == "engine":
-        name, _, version = fix["engine"].partition("@")
-        st.session_state[f"ver:{name}"] = version
-        st.session_state.engine_view = name
-        selected["engine"] = fix["engine"]
+        release = EngineSpec.parse(fix["engine"])  # a release of the cell's own engine (engine.blame)
+        st.session_state[f"ver:{release.kind}"] = release.version
+        st.session_state.engine_view = release.kind
+        selected["engine"] = release
     elif fix.get("kind") == "bridge":
         st.session_state.engine_view = "bridge"
-        selected["engine"] = "bridge"
+        selected["engine"] = EngineSpec("bridge")
 
 
 @st.cache_resource(show_spinner=False, max_entries=512)
@@ -250,7 +260,7 @@ def _run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> CellResult
     re-runs, computed when the cell is opened or exported."""
     if column.upload_id is None:
         return run_cell(column.model_id, row.scenario, row.engine, kwargs, explain=explain)
-    return _custom_cell(column.upload_id, workspace_root(), row.scenario, row.engine,
+    return _custom_cell(column.upload_id, workspace_root(), row.scenario, str(row.engine),
                         json.dumps(kwargs, sort_keys=True), explain)
 
 
@@ -376,7 +386,8 @@ def _guarded_run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> Ce
     try:
         return _run(column, row, kwargs, explain=explain)
     except BaseException as err:  # noqa: BLE001 - a failing custom column (a panic too) stays in its cells
-        return CellResult(column.model_id, row.scenario, row.engine, "", kwargs, "error", note=describe_error(err))
+        return CellResult(column.model_id, row.scenario, str(row.engine), "", kwargs, "error",
+                          note=describe_error(err))
 
 
 def _exports(explained_cells: Callable[[], list[CellResult]], loaded: dict[str, LoadedModel]) -> None:
@@ -414,7 +425,7 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         described = None
         if upload:
             model = _custom_model(upload, workspace_root())
-            cell = _custom_cell(upload, workspace_root(), scenario, selected["engine"],
+            cell = _custom_cell(upload, workspace_root(), scenario, str(selected["engine"]),
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
             described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
         else:
@@ -433,19 +444,19 @@ STRIP_COLOURS = {"holds": "#4ac26b", "breaks": "#e5534b", "error": "#d4a72c", "u
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def _timeline_run(model_id: str, scenario: str, engine: str, pair: str, kwargs_json: str) -> TimelineRun:
+def _timeline_run(model_id: str, scenario: str, engine: str, pair: ParserPair | None, kwargs_json: str) -> TimelineRun:
     """One background run per cell, shared by every session: each release's cell is computed once (and cached by
     the simulator), so a second visitor or a re-run sees the strip at once."""
     return TimelineRun(model_id, scenario, engine, kwargs=json.loads(kwargs_json), pair=pair).start()
 
 
-def _strip_cell(selected: dict) -> tuple[str, str, str] | None:
-    """(engine, version, parser pair) of a stock cell on a vLLM or SGLang release, else None."""
-    release, _, pair = str(selected["engine"]).removeprefix("real:").partition("/")
-    name, _, version = release.partition("@")
-    if name not in VERSIONS or not version or selected.get("upload"):
+def _strip_cell(selected: dict) -> EngineSpec | None:
+    """The engine of a stock cell on a vLLM or SGLang release, else None."""
+    engine = selected["engine"]
+    if not isinstance(engine, EngineSpec) or engine.kind not in VERSIONS or engine.version is None \
+            or selected.get("upload"):
         return None
-    return name, version, pair
+    return engine
 
 
 def _release_strip(selected: dict, kwargs: dict) -> None:
@@ -454,9 +465,9 @@ def _release_strip(selected: dict, kwargs: dict) -> None:
     cell = _strip_cell(selected)
     if cell is None:
         return
-    name, version, pair = cell
+    name, version, pair = cell.kind, cell.version or "", cell.parsers
     args = (selected["model"], selected["scenario"], name, pair, json.dumps(kwargs, sort_keys=True))
-    key = "strip:" + json.dumps(args)
+    key = "strip:" + json.dumps([*args[:3], str(pair or ""), args[4]])
     started = st.session_state.setdefault("strips_started", set())
     st.markdown(f"**This cell on every {name} release**")
     if key not in started:
@@ -487,11 +498,11 @@ def _strip_progress(args: tuple, key: str, name: str, version: str) -> None:
         st.plotly_chart(_strip_figure(rows, run.versions, version), key=f"{key}:live", config={"displayModeBar": False})
 
 
-def _draw_strip(run: TimelineRun, key: str, name: str, version: str, pair: str) -> None:
+def _draw_strip(run: TimelineRun, key: str, name: str, version: str, pair: ParserPair | None) -> None:
     rows = run.rows()
     if run.error:
         st.error(plain(run.error))
-    changes = [r.release.split("@")[1] for r in rows if r.changed]
+    changes = [r.version for r in rows if r.changed]
     st.caption(f"{len(rows)} releases, oldest left; ● marks a release whose outcome differs from the one before"
                + (f" ({', '.join(changes)})" if changes else " (none)") + "; the outlined one is this cell. "
                "Click a release to open its cell.")
@@ -501,9 +512,9 @@ def _draw_strip(run: TimelineRun, key: str, name: str, version: str, pair: str) 
         if points:
             picked = str(points[0]["x"])
             # the strip ran every release from its own code: the pinned ones too (real:), so the cell matches its bar
-            spec = f"{name}@{picked}"
-            spec = spec if spec not in list_engines() else f"real:{spec}"
-            st.session_state.selected = {**st.session_state.selected, "engine": spec + (f"/{pair}" if pair else "")}
+            release = dataclasses.replace(EngineSpec.parse(name), version=picked, parsers=pair)
+            release = dataclasses.replace(release, real_code=release.release in list_engines())
+            st.session_state.selected = {**st.session_state.selected, "engine": release}
 
     st.plotly_chart(_strip_figure(rows, run.versions, version), key=f"{key}:chart", on_select=open_release,
                     selection_mode="points", config={"displayModeBar": False})
@@ -511,7 +522,7 @@ def _draw_strip(run: TimelineRun, key: str, name: str, version: str, pair: str) 
 
 def _strip_figure(rows: list[ReleaseOutcome], versions: list[str], current: str) -> go.Figure:
     """One bar per release, coloured by status; hover: status, first break, cause. Releases not run yet are blank."""
-    by_version = {r.release.split("@")[1]: r for r in rows}
+    by_version = {r.version: r for r in rows}
     colours, outlines, hover, marks = [], [], [], []
     for version in versions:
         row = by_version.get(version)
@@ -551,7 +562,7 @@ def _write_url() -> None:
         params["kwargs"] = json.dumps(changed, sort_keys=True)
     selected = st.session_state.get("selected")
     if selected:
-        params.update(model=selected["model"], scenario=selected["scenario"], cell_engine=selected["engine"])
+        params.update(model=selected["model"], scenario=selected["scenario"], cell_engine=str(selected["engine"]))
         if selected.get("upload"):
             params["upload"] = selected["upload"]
     if dict(st.query_params) != params:

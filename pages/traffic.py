@@ -12,8 +12,9 @@ import yaml
 
 from engine.matrix import cell_label
 from engine.models import LoadedModel, default_model_ids
-from engine.parsers import list_engines
 from engine.scenario import scenario_from_data
+from engine.serving.registry import list_engines
+from engine.serving.spec import EngineSpec
 from engine.simulate import run_cell_with
 from engine.traces.evidence import step_view, trace_evidence, trace_markdown
 from engine.traces.readers import FORMATS
@@ -259,7 +260,8 @@ def main() -> None:
             st.error(f"{stored.name} cannot be analysed: {describe_error(err)}")
         else:
             _report(report, model)
-    _own_conversation(engine if engine and engine != "raw" else "vllm")
+    replayed = EngineSpec.parse(engine) if engine else None  # the picker's choice: raw or an emulated release
+    _own_conversation(engine if replayed and replayed.is_serving_engine else "vllm")
 
 
 def _report(report: TraceReport, model: LoadedModel) -> None:

@@ -78,7 +78,7 @@ def test_truncated_arguments_are_rendered_not_refused(recipe):
 
 
 def test_the_parse_is_the_releases_own_and_cites_an_executed_line(model):
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     text = "Plan.\n</think>\n\nSure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n" \
            "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n" \

@@ -73,7 +73,7 @@ def test_vllm_renders_deepseek_v4_with_its_bundled_encoder():
     assert vllm.request_side == "vllm 0.33.0 real code (vllm/tokenizers/deepseek_v4.py:22-66)"
     dropped = run_cell("deepseek-v4", "no-tools-next-user", "vllm")
     # The construct counterfactuals run in the worker over vLLM's encoder: the condition that drops the reasoning.
-    assert (dropped.cause.kind, dropped.cause.location) == ("reasoning-dropped",
+    assert (dropped.cause.kind, str(dropped.cause.location)) == ("reasoning-dropped",
                                                             "vllm/tokenizers/deepseek_v4_encoding.py:427-432")
     assert dropped.cause.fix.text == "set drop_thinking=false"
 
@@ -110,7 +110,7 @@ def test_vllm_0_16_renders_through_its_own_hf_renderer():
     assert (cell.status, cell.request_side) == (
         "holds", "vllm 0.16.0 real code (vllm/renderers/hf.py HfRenderer.render_messages)")
     glm = run_cell("glm-5.1", "tool-call", "vllm@0.16.0")
-    assert (glm.status, glm.cause.kind, glm.cause.location) == (
+    assert (glm.status, glm.cause.kind, str(glm.cause.location)) == (
         "breaks", "reasoning-dropped", "vllm/renderers/hf.py:632")
 
 
@@ -120,13 +120,13 @@ def test_vllm_0_21_ignores_the_clients_reasoning_content():
     need("vllm@0.21.0", "vllm@0.22.0")
     old = run_cell("glm-5.1", "reasoning-whitespace", "vllm@0.21.0")
     assert old.status == "breaks" and old.cause.kind == "reasoning-dropped"
-    assert old.cause.location.startswith("vllm/renderers/hf.py:")
+    assert str(old.cause.location).startswith("vllm/renderers/hf.py:")
     assert old.request_side == "vllm 0.21.0 real code (vllm/renderers/hf.py HfRenderer.render_messages)"
     assert run_cell("glm-5.1", "reasoning-whitespace", "vllm@0.22.0").status == "holds"
 
 
 def test_sglang_hands_the_template_its_pydantic_dump_of_the_tools():
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert get_engine("sglang@0.5.23").served_tools(tools) == [
@@ -148,7 +148,7 @@ def test_sglang_0_5_23_renders_deepseek_v4_through_deepseek_recipe():
                                  "chat_encoding_adapters.py:293, serving_deepseek_recipe.py:100 encode_messages)")
     # The recipe is compiled: the cause is the release's call into it, and says that nothing could be undone.
     cause = run_cell("deepseek-v4", "args-serialization", "sglang").cause
-    assert (cause.kind, cause.location) == ("args-reserialised",
+    assert (cause.kind, str(cause.location)) == ("args-reserialised",
                                             "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py:144")
     assert cause.proof.startswith("deepseek-recipe is a compiled extension (deepseek_recipe/_native.abi3.so): none "
                                   "of its constructs can be undone")
@@ -179,7 +179,7 @@ def test_sglang_renders_deepseek_v3_2_with_its_bundled_encoder():
     assert cell.renderer == "sglang 0.5.23 encoder (sglang/srt/entrypoints/openai/encoding_dsv32.py)"
     assert (cell.focus.token_prefix.prev_len, cell.focus.token_prefix.common) == (1250, 1208)
     # The construct counterfactuals run in the worker over the release's encoder: its to_json re-dumps the values.
-    assert (cell.cause.kind, cell.cause.location) == ("args-reserialised",
+    assert (cell.cause.kind, str(cell.cause.location)) == ("args-reserialised",
                                                       "sglang/srt/entrypoints/openai/encoding_dsv32.py:112")
     assert cell.cause.proof.startswith("re-rendered with to_json(v) printing the model's own text")
     # The encoder writes `</think>` alone in chat mode, in the generation prompt and in the history alike (the Hub's
@@ -188,7 +188,7 @@ def test_sglang_renders_deepseek_v3_2_with_its_bundled_encoder():
     assert run_cell("deepseek-v3.2", "tool-call", "raw").status == "breaks"
     # 0.5.6-0.5.11 choose the encoder by architecture (no chat template), through serving_chat.py's own check.
     old = run_cell("deepseek-v3.2", "args-serialization", "sglang@0.5.6")
-    assert (old.status, old.cause.location) == ("breaks", "sglang/srt/entrypoints/openai/encoding_dsv32.py:102")
+    assert (old.status, str(old.cause.location)) == ("breaks", "sglang/srt/entrypoints/openai/encoding_dsv32.py:102")
     assert run_cell("deepseek-v3.2", "tool-call", "sglang@0.5.5.post3").status == "unavailable"
 
 
@@ -196,8 +196,8 @@ def test_sglang_splits_deepseek_v3_reasoning_only_for_a_thinking_request():
     """_DeepSeekV3Detector's explicit_thinking: V3.2 with thinking off gets its calls back, as the release's own code
     returns them (the emulation against sglang@0.5.23 run in its worker)."""
     need("sglang@0.5.23")
-    from engine.parsers import get_engine
     from engine.serving.real.backend import RealEngine
+    from engine.serving.registry import get_engine
 
     text = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
             'string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')

@@ -8,9 +8,9 @@ import pytest
 from test_real_engines import need
 
 from engine.models import load_model
-from engine.parsers import for_parsers, get_engine
 from engine.scenario import load_scenario
 from engine.serving.real.backend import RealEngine
+from engine.serving.registry import for_parsers, get_engine
 from engine.simulate import run_cell
 
 CALL = ("get_weather", '{"city": "Paris"}')

@@ -249,7 +249,7 @@ def test_article_vs_code_reasoning_whitespace() -> None:
         assert (vllm.kind, vllm.edit.step) == ("reasoning-trimmed", "reasoning_rstrip")
         sglang = run_cell(model, "reasoning-whitespace", "sglang@0.5.23")
         if model == "deepseek-v4":
-            assert (sglang.cause.kind, sglang.cause.location) == ("reasoning-trimmed",
+            assert (sglang.cause.kind, str(sglang.cause.location)) == ("reasoning-trimmed",
                                                                   "sglang/srt/parser/deepseek_recipe_output.py:202")
         else:
             assert sglang.status == "holds"
@@ -264,7 +264,7 @@ def test_article_vs_code_kimi_arguments() -> None:
     the model's own text there keeps the prefix. SGLang's request side parses it into a dict (undoing that keeps it)."""
     assert run_cell("kimi-k2.6", "args-serialization", "raw").status == "holds"
     vllm = run_cell("kimi-k2.6", "args-serialization", "vllm@0.33.0").cause
-    assert (vllm.stage, vllm.kind, vllm.location) == ("template", "args-reserialised", "moonshotai-Kimi-K2.6.jinja:34")
+    assert (vllm.stage, vllm.kind, str(vllm.location)) == ("template", "args-reserialised", "moonshotai-Kimi-K2.6.jinja:34")
     assert vllm.locations[0].text == "tool_call['function']['arguments']|tojson"
     sglang = run_cell("kimi-k2.6", "args-serialization", "sglang@0.5.23").cause
     assert (sglang.kind, sglang.edit.step) == ("args-reserialised", "args_orjson_loads")
@@ -275,7 +275,7 @@ def test_a_client_that_drops_reasoning_is_the_cause_where_the_template_would_kee
     # everything: where that holds, the client is the cause (its setting's line in the scenario file).
     for model in ("qwen3.6", "glm-5.1", "kimi-k2.6", "deepseek-v4"):
         cause = run_cell(model, "client-drops-reasoning", "vllm").cause
-        assert (cause.stage, cause.kind, cause.location) == (
+        assert (cause.stage, cause.kind, str(cause.location)) == (
             "client", "client-dropped-field", "scenarios/client-drops-reasoning.yaml:6")
         assert cause.line_text == "send_reasoning: false   # the OpenAI-style client keeps content and tool_calls only"
         assert cause.fix.to_json() == {

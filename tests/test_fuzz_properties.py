@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from engine.formats import get_format
 from engine.formats.base import AssistantTurn, Knobs, ToolCallSpec, dump_arguments, dump_value
-from engine.parsers import get_engine, list_engines
 from engine.scenario import Scenario, ScriptTurn, tool_library
+from engine.serving.registry import get_engine, list_engines
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

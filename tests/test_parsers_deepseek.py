@@ -17,8 +17,8 @@ import time
 import pytest
 from conftest import require_release
 
-from engine.parsers import get_engine
-from engine.parsers.base import EditLog
+from engine.serving.base import EditLog
+from engine.serving.registry import get_engine
 from engine.types import ParseResult
 
 D = "｜DSML｜"

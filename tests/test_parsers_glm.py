@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from engine.parsers import get_engine
+from engine.serving.registry import get_engine
 
 SPECS = ["vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12"]
 SEARCH = {

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import require_release
 
-from engine.parsers import get_engine, list_engines
 from engine.parsers.sglang_0_5_23 import deepseek_recipe
+from engine.serving.registry import get_engine, list_engines
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.parsers import get_engine
-from engine.parsers.base import EditLog
+from engine.serving.base import EditLog
+from engine.serving.registry import get_engine
 
 GOLDEN = Path(__file__).parent / "golden"
 TOOLS = json.loads((GOLDEN / "vllm@0.33.0" / "kimi_k2.json").read_text(encoding="utf-8"))["tools"]

@@ -40,8 +40,8 @@ def test_sources_are_content_addressed_read_only_and_licensed():
 
 def test_registry_resolves_any_release_and_keeps_the_emulations():
     need("vllm@0.31.0")
-    from engine.parsers import get_engine
     from engine.serving.real.backend import RealEngine
+    from engine.serving.registry import get_engine
 
     assert type(get_engine("vllm@0.33.0")).__name__ == "VllmEmulation"
     real = get_engine("vllm@0.31.0")

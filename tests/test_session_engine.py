@@ -115,8 +115,8 @@ def test_bad_engine_options_give_one_sentence(capsys, argv: list[str], message: 
 def test_a_parser_not_emulated_runs_the_releases_real_code(handbook) -> None:
     # A server started with the legacy `--tool-call-parser deepseek_v3` for DeepSeek-V4: vLLM 0.33.0 has that
     # parser, the project does not emulate it (a different format from DSML), so vLLM 0.33.0's own code parses the
-    # replies (engine.parsers.parse_served): it finds no V3 call and keeps the DSML markup as content, which the
-    # encoder prints back as it was, so each request reuses the whole previous sequence.
+    # replies (engine.serving.registry.parse_served): it finds no V3 call and keeps the DSML markup as content, which
+    # the encoder prints back as it was, so each request reuses the whole previous sequence.
     from test_real_engines import need
 
     need("vllm@0.33.0")

@@ -76,12 +76,12 @@ def test_the_bridge_adds_what_the_engine_does_not_return_and_nothing_twice() -> 
 
 def test_the_bridge_refuses_to_render_an_assistant_message_again() -> None:
     from engine.errors import RenderError
-    from engine.simulate import _bridge_prompt
+    from engine.serving.bridge import bridge_prompt
 
     model = load_model("qwen3.6")
     boundary = run_cell("qwen3.6", "tool-call", "bridge").boundaries[0]
     with pytest.raises(RenderError, match="the bridge appends only user and tool messages"):
-        _bridge_prompt(model, boundary.prev_prompt, boundary.completion, {"role": "assistant", "content": "x"},
+        bridge_prompt(model, boundary.prev_prompt, boundary.completion, {"role": "assistant", "content": "x"},
                        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "sampled"}], 2,
                        lambda messages: model.renderer.render(messages, None, add_generation_prompt=True, kwargs={}))
 
@@ -106,7 +106,7 @@ def test_qwen_history_reasoning_break_points_at_the_branch_that_drops_it() -> No
     # The condition at 100 decides; its else-branch at 103 emits the turn without <think>. Flipped for the broken
     # message, the boundary holds.
     cell = run_cell("qwen3.6", "no-tools-next-user", "vllm")
-    assert cell.cause.location == "Qwen-Qwen3.6-35B-A3B.jinja:100-103"
+    assert str(cell.cause.location) == "Qwen-Qwen3.6-35B-A3B.jinja:100-103"
     assert cell.cause.kind == "reasoning-dropped"
     assert cell.cause.locations[0].text == ("{% if (preserve_thinking is defined and preserve_thinking is true) or "
                                             "loop.index0 > ns.last_query_index %} (line 100)")
@@ -137,13 +137,13 @@ def test_qwen_parsers_rewrite_arguments_but_raw_keeps_them() -> None:
     # parameter (vllm/parser/qwen3.py:61-67), undone alone, leave the break where it is.
     vllm = run_cell("qwen3.6", "args-serialization", "vllm")
     assert vllm.status == "breaks" and vllm.cause.stage == "parser"
-    assert (vllm.cause.kind, vllm.cause.location, vllm.cause.edit.step) == (
+    assert (vllm.cause.kind, str(vllm.cause.location), vllm.cause.edit.step) == (
         "args-type-coerced", "vllm/parser/engine/parser_engine.py:437-462", "args_schema_coerce")
     assert '"min_score": "1.0"' in vllm.cause.edit.before and '"min_score": 1,' in vllm.cause.edit.after
     assert vllm.cause.proof == ("re-run with args_schema_coerce undone (vllm/parser/engine/parser_engine.py:437-462): "
                                 "the boundary holds (5010/5010 characters)")
     sglang = run_cell("qwen3.6", "args-serialization", "sglang")
-    assert sglang.cause.location == "sglang/srt/function_call/qwen3_coder_detector.py:229"
+    assert str(sglang.cause.location) == "sglang/srt/function_call/qwen3_coder_detector.py:229"
 
 
 def test_tool_call_round_holds_for_qwen_on_both_engines() -> None:
@@ -170,9 +170,10 @@ def test_kimi_is_string_level_and_says_why() -> None:
 
 def test_unemulated_parser_runs_the_releases_real_code() -> None:
     # A server started with the legacy `--tool-call-parser deepseek_v3` for DeepSeek-V4: vLLM has it, the project
-    # does not emulate that JSON-in-special-tokens format, so vLLM 0.33.0's own code parses (engine.parsers.for_parsers
-    # and the NotImplementedError fallback in simulate): it finds no V3 call, the DSML markup stays in the content and
-    # the client gets no tool call; the encoder prints the content back as it was, so the prefix holds.
+    # does not emulate that JSON-in-special-tokens format, so vLLM 0.33.0's own code parses
+    # (engine.serving.registry.for_parsers and the NotImplementedError fallback in simulate): it finds no V3 call, the
+    # DSML markup stays in the content and the client gets no tool call; the encoder prints the content back as it
+    # was, so the prefix holds.
     from test_real_engines import need
 
     need("vllm@0.33.0")
@@ -205,7 +206,7 @@ def _golden_locations(engine: str, family: str) -> set[str]:
     """Every edit location the emulation reports on the golden cases the real parser produced."""
     from pathlib import Path
 
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
     emulation = get_engine(engine)
     data = json.loads((Path("tests/golden") / emulation.spec / f"{family}.json").read_text(encoding="utf-8"))
@@ -230,7 +231,7 @@ def test_every_engine_cause_location_is_exercised_by_golden_cases() -> None:
             for engine in ("vllm", "sglang"):
                 cell = run_cell(model_id, scenario_id, engine)
                 if cell.cause and cell.cause.stage == "parser":
-                    assert cell.cause.location in locations[engine], cell.cause.location
+                    assert str(cell.cause.location) in locations[engine], cell.cause.location
                     checked += 1
     assert checked >= 4
 

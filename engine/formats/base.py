@@ -171,8 +171,8 @@ def register(fmt: OutputFormat) -> OutputFormat:
 
 
 def get_format(family: str) -> OutputFormat:
-    import engine.formats  # noqa: F401 - registers the families
-
+    """The output format of `family`. Every family is registered: importing this module runs
+    engine/formats/__init__.py first, which imports them all."""
     try:
         return _REGISTRY[family]
     except KeyError:
@@ -180,9 +180,7 @@ def get_format(family: str) -> OutputFormat:
 
 
 def registered_formats() -> tuple[OutputFormat, ...]:
-    """Every output format, by family name."""
-    import engine.formats  # noqa: F401 - registers the families
-
+    """Every output format, by family name (all registered, as for get_format)."""
     return tuple(_REGISTRY[family] for family in sorted(_REGISTRY))
 
 

@@ -360,7 +360,7 @@ class InstrumentedTemplate:
         return ""
 
 
-class _PythonRewriter(ast.NodeTransformer, _Recording):
+class PythonRewriter(ast.NodeTransformer, _Recording):
     """The same rewrite for a Python encoder: string methods and `json.dumps`-like helpers (ops), `if` tests and
     conditional expressions (conditions), and every `prompt += ...` (outputs)."""
 
@@ -424,7 +424,7 @@ class InstrumentedModule(InstrumentedTemplate):
 
     def __init__(self, source: str, filename: str, reprinting_functions: frozenset[str],
                  message_of_frame: Callable[[object, _Run], int | None]) -> None:
-        rewriter = _PythonRewriter(reprinting_functions)
+        rewriter = PythonRewriter(reprinting_functions)
         tree = ast.fix_missing_locations(rewriter.visit(ast.parse(source, filename)))
         self.table = rewriter.table()
         self._local = threading.local()

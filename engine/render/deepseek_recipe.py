@@ -33,7 +33,7 @@ from engine.errors import RenderError
 from engine.types import Rendered
 
 MODEL_ID = "deepseek-v4"
-RELEASE = "sglang@0.5.23"
+ENGINE, VERSION = "sglang", "0.5.23"  # the release it renders as when none is given
 PARSERS = ("deepseek-v4", "deepseekv4")  # the parser pair that selects the recipe's output path too
 RENDER_TIMEOUT_S = 30.0
 ENCODE_LINE = 144  # serving_deepseek_recipe.py at 0.5.23: `prompt_ids = self._encode(body, effort=…)`, into the recipe
@@ -45,9 +45,9 @@ OPAQUE = ("deepseek-recipe is a compiled extension (deepseek_recipe/_native.abi3
 class SglangDeepSeekRecipeRenderer:
     """`tokenizer`: DeepSeek V4's real tokenizer (the recipe tokenizes with its tokenizer.json)."""
 
-    def __init__(self, tokenizer: Any, release: str = RELEASE, where: str = "") -> None:
+    def __init__(self, tokenizer: Any, engine: str = ENGINE, version: str = VERSION, where: str = "") -> None:
         self.tokenizer = tokenizer
-        self.engine, _, self.version = release.partition("@")
+        self.engine, self.version = engine, version
         # "sglang 0.5.23 …", as the engines' own encoders are named: a cause's link goes to that release's source
         self.origin = f"{self.engine} {self.version} deepseek-recipe (real code)"
         self.source_path = "sglang/srt/entrypoints/openai/serving_deepseek_recipe.py"

@@ -51,7 +51,7 @@ class _Sourced:
 
 def load_harmony_encoding():
     """openai-harmony's GPT-OSS encoding, offline (TIKTOKEN_ENCODINGS_BASE -> the rebuilt o200k_base.tiktoken)."""
-    from engine.parsers.harmony_encoding import o200k_base_path
+    from engine.render.harmony_encoding import o200k_base_path
 
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_base_path().parent)
     try:

@@ -44,7 +44,7 @@ T = TypeVar("T")
 COUNTERFACTUAL_MEMO = 4096  # counterfactual renders kept per template (the default matrix makes about 3,000)
 
 
-def _transformers_pieces():
+def transformers_pieces():
     # Imported lazily: transformers takes a second to import and only rendering needs it.
     from transformers.utils import chat_template_utils as ctu
 
@@ -139,7 +139,7 @@ class JinjaRenderer:
         self.template_source = source  # what an engine's request side reads (content format, template kwargs)
         # transformers passes the tokenizer's special tokens (bos_token, eos_token, ...) to every render.
         self._special_tokens = dict(special_tokens or {})
-        ctu = _transformers_pieces()
+        ctu = transformers_pieces()
         try:
             reference = ctu._compile_jinja_template(source)
         except jinja2.TemplateSyntaxError as err:
@@ -255,7 +255,7 @@ class JinjaRenderer:
     def template_context(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
                          kwargs: dict | None) -> tuple[list[dict], dict]:
         """The messages and variables exactly as transformers hands them to the template."""
-        ctu = _transformers_pieces()
+        ctu = transformers_pieces()
         chat = self._template_messages(messages)
         variables = {**self._special_tokens, **ctu._plain_template_data(dict(kwargs or {}))}
         variables.update(
@@ -293,7 +293,7 @@ class JinjaRenderer:
         rewrites do). The sandbox is immutable, so the nested values can be shared. Anything but a list of dicts
         takes transformers' path.
         """
-        ctu = _transformers_pieces()
+        ctu = transformers_pieces()
         if not isinstance(messages, list):
             return ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
         local = self._conversions
@@ -361,7 +361,7 @@ class JinjaRenderer:
             return run()
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError,
                 OverflowError, ZeroDivisionError, MemoryError) as err:
-            line = _template_line_of(err)
+            line = template_line_of(err)
             where = f" at line {line}" if line else ""
             # A template's own error (raise_exception, undefined) reads as itself; a Python error names its type.
             what = f"raised{where}: {err}" if isinstance(err, jinja2.TemplateError) else \
@@ -412,7 +412,7 @@ class JinjaRenderer:
     def render_reference(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                          kwargs: dict | None = None) -> str:
         """transformers' own rendering of the same inputs, for the parity test."""
-        ctu = _transformers_pieces()
+        ctu = transformers_pieces()
         chat = ctu._normalize_chat_messages(messages)
         rendered, _ = ctu.render_jinja_template(
             conversations=[chat],
@@ -432,7 +432,7 @@ def _first_false(flags: list[bool], start: int) -> int:
         return len(flags)
 
 
-def _template_line_of(err: BaseException) -> int | None:
+def template_line_of(err: BaseException) -> int | None:
     """The template line active where `err` was raised.
 
     Jinja rewrites tracebacks so that frames of compiled templates carry the template's own line numbers.

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.models import LoadedModel, load_model
 from engine.serving.rendering import ENCODER_RENDERERS, served_model, serving_rule
+from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
 
 
@@ -45,11 +46,11 @@ class RequestProof:
                 f" vs engine {b[max(0, at - 60):at + 60]!r}")
 
 
-def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list[dict] | None,
+def engine_prompt(model: LoadedModel, engine: EngineSpec | str, sent: list[dict], tools: list[dict] | None,
                   kwargs: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
     """The prompt (and ids) `engine`'s release renders for this request with its own request-side code."""
-    from engine.parsers import get_engine
     from engine.serving.real.backend import RealEngine
+    from engine.serving.registry import get_engine
 
     emulation = get_engine(engine)
     real = RealEngine(emulation.name, emulation.version)
@@ -84,12 +85,13 @@ def engine_prompt(model: LoadedModel, engine: str, sent: list[dict], tools: list
     return text, _ids(model, text)
 
 
-def prove_cell(model_id: str, scenario_id: str, engine: str, kwargs: dict[str, Any] | None = None
+def prove_cell(model_id: str, scenario_id: str, engine: EngineSpec | str, kwargs: dict[str, Any] | None = None
                ) -> list[RequestProof]:
     """Every next prompt of the cell beside the engine's own rendering of the same client request."""
     from engine.scenario import load_scenario
     from engine.simulate import run_cell
 
+    engine = EngineSpec.of(engine)
     cell = run_cell(model_id, scenario_id, engine, kwargs, explain=False)
     model = load_model(model_id)
     tools = load_scenario(scenario_id).tools

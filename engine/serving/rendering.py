@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ExplorerError, RenderError
+from engine.serving.spec import EngineSpec
 from engine.types import Rendered, RenderRequest
 
 if TYPE_CHECKING:
     from engine.models import LoadedModel
-    from engine.parsers.base import EngineEmulation
     from engine.render.constructs import Evaluation
+    from engine.serving.base import EngineEmulation
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,11 @@ class ServingPath:
         return {"renderer": self.renderer, "request_side": self.request_side}
 
 
-def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: str) -> ServingPath:
+def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: EngineSpec) -> ServingPath:
     origin, source = model.renderer.origin, model.renderer.source_path
     renderer = source if source.startswith(origin) else f"{origin} ({source})"
     if emulation is None:
-        side = "none: the client's messages as sent" if column == "raw" else \
+        side = "none: the client's messages as sent" if column.kind == "raw" else \
             "none: the previous prompt and completion kept, the new messages rendered"
         return ServingPath(renderer, side)
     if model.served_from is not None:  # the engine's own renderer runs the request side too
@@ -146,12 +147,12 @@ def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: 
 
 def cell_model(cell: Any, model: LoadedModel) -> LoadedModel:
     """The model as a cell's engine rendered it (an error note's template lines index into its renderer)."""
-    if cell.engine in ("raw", "bridge") or not cell.engine_version:
+    if not cell.engine_version:  # raw and bridge have no release
         return model.served_from or model
-    from engine.parsers import get_engine
+    from engine.serving.registry import get_engine
 
-    try:
-        return served_model(model, get_engine(f"{cell.engine}@{cell.engine_version}"))
+    try:  # the cell's engine and version fields (as a result file has them) name the release
+        return served_model(model, get_engine(EngineSpec.parse(f"{cell.engine}@{cell.engine_version}")))
     except (ValueError, ExplorerError):
         return model
 
@@ -196,7 +197,7 @@ def _build_served(base: LoadedModel, rule: ServingRule, version: str) -> LoadedM
     elif rule.renderer == "deepseek_recipe":
         from engine.render.deepseek_recipe import SglangDeepSeekRecipeRenderer
 
-        renderer = SglangDeepSeekRecipeRenderer(base.tokenizer, f"{rule.engine}@{version}", rule.where)
+        renderer = SglangDeepSeekRecipeRenderer(base.tokenizer, rule.engine, version, rule.where)
         hashes = dict(base.asset_hashes)
     else:
         renderer = EngineEncoderRenderer(rule, version, base)
@@ -242,10 +243,10 @@ class EngineEncoderRenderer:
         if self._table is None:
             import ast
 
-            from engine.render.constructs import _PythonRewriter
+            from engine.render.constructs import PythonRewriter
             from engine.render.deepseek_v4 import REPRINTING_FUNCTIONS
 
-            rewriter = _PythonRewriter(REPRINTING_FUNCTIONS)
+            rewriter = PythonRewriter(REPRINTING_FUNCTIONS)
             rewriter.visit(ast.parse("\n".join(self._lines) + "\n", self.source_path))
             self._table = rewriter.table()
         return self._table

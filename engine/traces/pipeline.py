@@ -9,37 +9,62 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.call_ids import random_shape
+from engine.client import client_message, undo_request_edit
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, get_format
 from engine.formats.base import tool_call_specs
 from engine.models import LoadedModel
+from engine.serving.base import EngineEmulation
+from engine.serving.raw import raw_request
 from engine.serving.rendering import ServingUnavailable, served_model
-from engine.simulate import client_message, engine_request, raw_request, template_kwargs_of, undo_request_edit
+from engine.serving.spec import EngineSpec
+from engine.simulate import engine_request, template_kwargs_of
 from engine.types import Edit, ParseResult, Rendered, RenderRequest
 
 
 @dataclass(frozen=True)
 class Served:
-    """What one engine does: `name` ("raw" is the format's lossless split), `spec` as users write it."""
+    """What one engine does: `engine` (raw: the format's lossless split; else the release that served), `spec` as
+    users write it."""
 
-    spec: str
-    emulation: Any | None  # engine.parsers EngineEmulation, None for raw
+    engine: EngineSpec
+    emulation: EngineEmulation | None  # None for raw
+
+    @property
+    def spec(self) -> str:
+        return str(self.engine)
 
     @property
     def origin(self) -> str:
         return self.emulation.origin if self.emulation is not None else "the raw split"
 
 
-def served_by(engine: str) -> Served:
-    if engine == "raw":
-        return Served("raw", None)
-    from engine.parsers import get_engine, list_engines
-
+def replay_engine(engine: EngineSpec | str) -> EngineSpec:
+    """The engine a trace is replayed through, parsed once where it comes in (a trace's command line or page)."""
     try:
-        emulation = get_engine(engine)
+        return EngineSpec.of(engine)
     except ValueError:
-        raise ExplorerError(f"unknown engine {engine!r}; known: raw, {', '.join(list_engines())}") from None
-    return Served(emulation.spec, emulation)
+        raise _unknown_replay_engine(engine) from None
+
+
+def served_by(engine: EngineSpec | str) -> Served:
+    """What replays through `engine`: raw (the format's lossless split) or a vLLM / SGLang release."""
+    from engine.serving.registry import get_engine
+
+    spec = replay_engine(engine)
+    if spec.kind == "raw":
+        return Served(spec, None)
+    try:
+        emulation = get_engine(spec)
+    except ValueError:
+        raise _unknown_replay_engine(engine) from None
+    return Served(emulation.release_spec, emulation)
+
+
+def _unknown_replay_engine(engine: EngineSpec | str) -> ExplorerError:
+    from engine.serving.registry import list_engines
+
+    return ExplorerError(f"unknown engine {str(engine)!r}; known: raw, {', '.join(list_engines())}")
 
 
 def template_kwargs(model: LoadedModel, request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -86,7 +111,7 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
     fmt = get_format(model.spec.family)
     if served.emulation is None:
         return fmt.raw_parse(completion.parser_text)
-    from engine.parsers import for_parsers, parse_served
+    from engine.serving.registry import for_parsers, parse_served
 
     parsers = model.spec.engine_parsers.get(served.emulation.name, {})
     tool_parser = parsers.get("tool_call_parser")

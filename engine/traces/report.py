@@ -8,6 +8,8 @@ from typing import Any
 
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
+from engine.serving.spec import EngineSpec
+from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
 from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
 from engine.traces.why import Replay, explain_step
@@ -71,7 +73,7 @@ class TraceReport:
                 "block_size": self.block_size, "sessions": sessions}
 
 
-def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: str | None = None,
+def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
                   trace_format: str | None = None, block_size: int = 16,
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
                   hints: bool = True, attribute: bool = True, name: str | None = None) -> TraceReport:
@@ -83,13 +85,14 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
     the sessions and the breaks, not the file.
     """
     label = name or Path(path).name
+    spec = replay_engine(engine) if engine is not None else None
     grouper = Grouper()
     builders: dict[str, SessionBuilder] = {}
     replays: dict[tuple[str, int], Replay] = {}
     chosen = trace_format
     for request in read_trace(path, trace_format, name=label):
         chosen = chosen or request.format
-        prompt, completion, source = ids_of(model, request, engine)
+        prompt, completion, source = ids_of(model, request, spec)
         key = grouper.assign(request, prompt, completion)
         builder = builders.get(key)
         if builder is None:
@@ -97,8 +100,8 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
         previous = builder.previous_request
         previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
         step = builder.add(request, prompt, completion, source)
-        if step.breaks and explain and model is not None and engine is not None and previous is not None:
-            replays[(key, step.row.index)] = explain_step(model, engine, previous, request, previous_completion,
+        if step.breaks and explain and model is not None and spec is not None and previous is not None:
+            replays[(key, step.row.index)] = explain_step(model, spec, previous, request, previous_completion,
                                                           previous_prompt, prompt, step.row.index - 1, hints=hints,
                                                           attribute_now=attribute)
     if not builders:
@@ -114,7 +117,8 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
         for (key, index), replay in replays.items():
             if key == builder.key:
                 numbered[(n, index)] = replay
-    return TraceReport(label, chosen or "", model.id if model else None, engine, block_size, tuple(truths), numbered)
+    return TraceReport(label, chosen or "", model.id if model else None, str(spec) if spec else None, block_size,
+                       tuple(truths), numbered)
 
 
 def report_text(report: TraceReport) -> str:

@@ -24,7 +24,7 @@ from engine.errors import ExplorerError
 from engine.traces.readers import read_trace
 from engine.traces.records import TraceFormatError
 from engine.traces.truth import Grouper
-from engine.workspace import _fsync_dir, _write_atomic, default_root
+from engine.workspace import default_root, fsync_dir, write_atomic
 
 _MB = 1024 * 1024
 META = "meta.json"
@@ -91,20 +91,20 @@ class TraceStore:
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{trace_id}-", dir=self.root))
         try:
             stored = staging / f"{digest}.trace"
-            _write_atomic(stored, data)
+            write_atomic(stored, data)
             trace_format, requests, sessions = validate_trace(name, stored)
             meta = {"id": trace_id, "name": Path(name).name, "format": trace_format, "sha256": digest,
                     "size": len(data), "requests": requests, "sessions": sessions,
                     "created": datetime.now(UTC).isoformat(timespec="seconds")}
-            _write_atomic(staging / META, json.dumps(meta, ensure_ascii=False, indent=2).encode("utf-8"))
-            _fsync_dir(staging)
+            write_atomic(staging / META, json.dumps(meta, ensure_ascii=False, indent=2).encode("utf-8"))
+            fsync_dir(staging)
             try:
                 os.rename(staging, self.root / trace_id)
             except OSError:
                 if not (self.root / trace_id).is_dir():
                     raise
                 shutil.rmtree(staging, ignore_errors=True)  # stored meanwhile by another session
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

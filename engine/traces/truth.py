@@ -28,6 +28,7 @@ from engine.errors import ExplorerError
 from engine.formats import get_format
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
+from engine.serving.spec import EngineSpec
 from engine.session import CachedSequence, RequestRow, checkpoints_after, reuse_of
 from engine.traces.pipeline import render_request, served_by, template_kwargs, turn_of
 from engine.traces.records import TraceRequest
@@ -134,8 +135,8 @@ class SessionTruth:
         return sum(1 for s in self.steps if s.breaks)
 
 
-def ids_of(model: LoadedModel | None, request: TraceRequest, engine: str | None) -> tuple[tuple[int, ...],
-                                                                                         tuple[int, ...], str]:
+def ids_of(model: LoadedModel | None, request: TraceRequest, engine: EngineSpec | None) -> tuple[tuple[int, ...],
+                                                                                                tuple[int, ...], str]:
     """The request's prompt and completion ids: logged, or rendered from its messages with the model's template."""
     if request.has_ids:
         assert request.prompt_ids is not None and request.completion_ids is not None
@@ -146,7 +147,7 @@ def ids_of(model: LoadedModel | None, request: TraceRequest, engine: str | None)
     if request.messages is None or request.response_message is None:
         raise ExplorerError(f"{request.where}: neither token ids nor the messages and the reply are logged")
     kwargs = template_kwargs(model, request.chat_template_kwargs)
-    served = served_by(engine or "raw")
+    served = served_by(engine or EngineSpec("raw"))
     prompt, _, _ = render_request(model, served, list(request.messages), list(request.tools or []) or None, kwargs)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     completion = get_format(model.spec.family).write(turn_of(request.response_message, request.where), stop)

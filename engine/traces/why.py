@@ -24,7 +24,9 @@ from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import Scenario
-from engine.simulate import _bridge_prompt, _rerender
+from engine.serving.bridge import bridge_prompt
+from engine.serving.spec import EngineSpec
+from engine.simulate import rerender
 from engine.traces.pipeline import (
     Served,
     completion_of,
@@ -133,8 +135,9 @@ def _bridged(step: _Step, broken: Boundary) -> Boundary:
     request = broken.next_request
     tools, kwargs = (request.tools, request.kwargs) if request is not None else (None, {})
     assistant = request.messages[assistant_index] if request is not None else {}
-    prompt = _bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
-                            lambda messages: render_request(model, served_by("raw"), messages, tools, kwargs)[0])
+    raw = served_by(EngineSpec("raw"))
+    prompt = bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
+                           lambda messages: render_request(model, raw, messages, tools, kwargs)[0])
     appended = prompt.text[len(broken.prev_text):]
     prev_ids = broken.prev_ids or ()
     next_ids = prev_ids + model.tokenizer.encode(appended).ids
@@ -149,7 +152,7 @@ def _rerun_function(step: _Step, served: Served, kwargs: dict[str, Any], broken:
     def rerun(change: Change) -> Boundary | None:
         try:
             if isinstance(change, UndoTemplate):
-                return _rerender(step.model, change.base or broken, change)
+                return rerender(step.model, change.base or broken, change)
             if isinstance(change, UseParse):
                 return _replay(step, served, kwargs, parse=change.parse)
             if isinstance(change, UndoRequestEdit):
@@ -159,7 +162,7 @@ def _rerun_function(step: _Step, served: Served, kwargs: dict[str, Any], broken:
             if isinstance(change, WithKwargs):
                 return _replay(step, served, {**kwargs, **change.kwargs}, logged_ids=False)
             if isinstance(change, WithEngine):
-                if change.engine == "bridge":
+                if change.engine.kind == "bridge":
                     return _bridged(step, broken)
                 return _replay(step, served_by(change.engine), kwargs)
         except ExplorerError:
@@ -183,7 +186,7 @@ def _differences(real: dict | None, replayed: dict) -> list[str]:
     return out
 
 
-def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, current: TraceRequest,
+def explain_step(model: LoadedModel, engine: EngineSpec | str, previous: TraceRequest, current: TraceRequest,
                  completion_ids: tuple[int, ...], previous_prompt_ids: tuple[int, ...],
                  prompt_ids: tuple[int, ...], index: int, *, hints: bool = True, attribute_now: bool = True) -> Replay:
     """Replay the step from `previous` (its prompt and completion ids) to `current` (its real prompt ids);
@@ -233,7 +236,7 @@ def explain_step(model: LoadedModel, engine: str, previous: TraceRequest, curren
     client = {} if step.send_reasoning else {"send_reasoning": False}
     scenario = Scenario(id=f"{current.format}:{current.where}", description="", tools=list(previous.tools or [])
                         or None, system=None, turns=(), kwargs={}, source="", client=client)
-    context = BlameContext(model, scenario, served.spec, dict(previous.chat_template_kwargs or {}), kwargs)
+    context = BlameContext(model, scenario, served.engine, dict(previous.chat_template_kwargs or {}), kwargs)
     detail = (f"the replay through {served.spec}{' with a client that drops the reasoning' if client else ''} gives "
               "the real prompt")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import engine.parsers
+import engine.serving.registry
 from engine.models import LoadedModel, load_model, special_token_vars
 from engine.render.deepseek_v4 import DeepSeekV4Renderer, encoder_path
 from engine.render.jinja import JinjaRenderer
@@ -79,8 +79,9 @@ def test_blame_names_the_injected_line(case: dict, tmp_path, monkeypatch) -> Non
     stock = run_cell_with(model, scenario, case["engine"], kwargs, hints=False)
     if "inject" in case:
         inject = getattr(injections, case["inject"])
-        real_get_engine = engine.parsers.get_engine
-        monkeypatch.setattr(engine.parsers, "get_engine", lambda spec: _InjectedEngine(real_get_engine(spec), inject))
+        real_get_engine = engine.serving.registry.get_engine
+        monkeypatch.setattr(engine.serving.registry, "get_engine",
+                            lambda spec: _InjectedEngine(real_get_engine(spec), inject))
         lines, first = inspect.getsourcelines(inject)
         path, line = injections.PATH, first + next(i for i, t in enumerate(lines) if t.strip().startswith("return "))
         injected = run_cell_with(model, scenario, case["engine"], kwargs, hints=False)

@@ -35,7 +35,7 @@ GOLDEN = PROJECT / "tests" / "golden"
 
 @functools.cache
 def _harmony():
-    from engine.parsers.harmony_encoding import o200k_base_path
+    from engine.render.harmony_encoding import o200k_base_path
 
     o200k_base_path()
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.parsers.base import EditLog, FamilyParser
 from engine.parsers.sglang_0_5_12.deepseek import SglangDeepSeekParser0512
 from engine.parsers.sglang_0_5_12.glm import SglangGlmParser0512
 from engine.parsers.sglang_0_5_12.gpt_oss import SglangGptOssParser0512
 from engine.parsers.sglang_0_5_12.kimi_k2 import SglangKimiK2Parser0512
 from engine.parsers.sglang_0_5_12.qwen3 import SglangQwen3Parser0512
 from engine.parsers.sglang_0_5_23 import SglangEmulation
+from engine.serving.base import EditLog, FamilyParser
 from engine.types import ParseResult
 
 SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"

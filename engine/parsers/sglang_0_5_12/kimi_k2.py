@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 
-from engine.parsers.base import EditLog
 from engine.parsers.sglang_0_5_23.kimi_k2 import (
     CALL_END,
     CALL_START,
@@ -35,6 +34,7 @@ from engine.parsers.sglang_0_5_23.kimi_k2 import (
     orjson_accepts,
     strip_tool_tokens,
 )
+from engine.serving.base import EditLog
 
 LINES_0512 = {
     **LINES,

@@ -20,14 +20,8 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from engine.parsers.base import (
-    EditLog,
-    FamilyParser,
-    ParsedTurn,
-    keep_special_tokens_whole,
-    partial_token_length,
-    schema_properties,
-)
+from engine.parsers.base import keep_special_tokens_whole, partial_token_length, schema_properties
+from engine.serving.base import EditLog, FamilyParser, ParsedTurn
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from engine.parsers.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
 from engine.parsers.vllm_0_33_0.deepseek import VllmDeepSeekParser
 from engine.parsers.vllm_0_33_0.glm import VllmGlmParser
 from engine.parsers.vllm_0_33_0.gpt_oss import VllmGptOssParser
 from engine.parsers.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
 from engine.parsers.vllm_0_33_0.qwen3 import Qwen3EngineParser
+from engine.serving.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
 from engine.types import ParseResult
 
 REASONING_FAMILY = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import AssetError
-from engine.parsers.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.base import EditLog, FamilyParser, ParsedTurn
 from engine.types import ToolCall
 
 HARMONY = "vllm/parser/harmony.py"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError, RenderError
-from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
+from engine.serving.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
 from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
@@ -98,7 +98,7 @@ class Worker:
                "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
-        from engine.parsers.harmony_encoding import o200k_base_path
+        from engine.render.harmony_encoding import o200k_base_path
 
         env["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_base_path().parent)
         memory = self.limits.memory_mb * 1024 * 1024
@@ -314,7 +314,7 @@ def tokenizer_file(backend: Any) -> str:
     text = backend.to_str()
     path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
     if not path.exists():
-        fetch._write_atomic(path, text.encode())
+        fetch.write_atomic(path, text.encode())
     return str(path)
 
 
@@ -420,15 +420,9 @@ def request_edits(origin: str, entry: str, sent: list[dict], conversation: list[
     return tuple(edits)
 
 
-def _pinned(engine: str) -> EngineEmulation:
-    from engine.parsers import get_engine
-
-    return get_engine(engine)
-
-
 @functools.cache
 def _harmony_encoding() -> Any:
-    from engine.parsers.harmony_encoding import o200k_base_path
+    from engine.render.harmony_encoding import o200k_base_path
 
     o200k_base_path()
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
@@ -446,10 +440,15 @@ class RealEngine(EngineEmulation):
 
     families: dict = {}
     last_trace: dict | None = None  # the tracer's report of the last parse(trace=True): executed lines, edits
-    reads_tokenizer = True  # callers hand it the model's tokenizer: its added tokens reach the parsers
+    is_real_release = True
 
-    def __init__(self, engine: str, version: str, *, offline: bool = False) -> None:
+    def __init__(self, engine: str, version: str, *, offline: bool = False,
+                 stand_in: type[EngineEmulation] | None = None) -> None:
+        """`stand_in`: the emulation that prepares the request where this release's own glue cannot (an API shape
+        it does not drive), and gives the text its parsers receive; engine.serving.registry passes the newest one of
+        the engine. Without it only parse and render_request work."""
         self.name, self.version, self.offline = engine, version, offline
+        self.stand_in = stand_in
         self._names: dict | None = None
         self.request_side_missing: str | None = None  # why the pinned emulation stood in for the release's code
 
@@ -544,19 +543,25 @@ class RealEngine(EngineEmulation):
         parse), so a cell's cause can cite executed lines."""
         return self.name == "sglang" or fetch.Version(self.version) < fetch.Version("0.21")
 
+    def pinned_stand_in(self) -> EngineEmulation:
+        if self.stand_in is None:
+            raise TypeError(f"{self.spec}: built without a stand-in emulation for its request side; resolve it "
+                            "through engine.serving.registry")
+        return self.stand_in()
+
     def output_text(self, text: str, stop_token: str | None, tool_parser: str | None) -> str:
-        return _pinned(self.name).output_text(text, stop_token, tool_parser)
+        return self.pinned_stand_in().output_text(text, stop_token, tool_parser)
 
     @property
     def request_side_origin(self) -> str:
         if self.request_side_missing:
-            return f"{_pinned(self.name).request_side_origin}, standing in: {self.request_side_missing}"
+            return f"{self.pinned_stand_in().request_side_origin}, standing in: {self.request_side_missing}"
         glue = "vllm/renderers/hf.py HfRenderer.render_messages" if self.name == "vllm" else \
             "sglang/srt/entrypoints/openai/serving_chat.py _convert_to_internal_request"
         return f"{self.name} {self.version} real code ({glue})"
 
     def prepare_request(self, messages: list[dict], tools: list[dict] | None) -> RequestPrep:
-        return _pinned(self.name).prepare_request(messages, tools)
+        return self.pinned_stand_in().prepare_request(messages, tools)
 
     def prepare_templated_request(self, messages: list[dict], tools: list[dict] | None, *, kwargs: dict,
                                   chat_template: str, parsers: dict[str, str] | None = None) -> RequestPrep:
@@ -574,7 +579,7 @@ class RealEngine(EngineEmulation):
             return RequestPrep(messages, (), str(err))
         if "unsupported" in reply:  # an API shape the glue does not drive: the pinned emulation stands in
             self.request_side_missing = reply["unsupported"]
-            return _pinned(self.name).prepare_request(messages, tools)
+            return self.pinned_stand_in().prepare_request(messages, tools)
         conversation = reply["conversation"]
         edits = request_edits(self.origin, reply.get("entry", ""), messages, conversation)
         return RequestPrep(conversation, edits, None, template_kwargs=reply["template_kwargs"], tools=reply["tools"])

@@ -157,7 +157,7 @@ def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
                                  f"release index is cached in {cache_dir()}") from err
             rows = json.loads(path.read_text())["releases"]
         else:
-            _write_atomic(path, json.dumps({"fetched_at": time.time(), "releases": rows}, indent=1).encode())
+            write_atomic(path, json.dumps({"fetched_at": time.time(), "releases": rows}, indent=1).encode())
     return [Release(engine, r["version"], r["url"], r["filename"], r["size"], r["sha256"]) for r in rows or []]
 
 
@@ -173,7 +173,7 @@ def release(engine: str, version: str, *, offline: bool = False) -> Release:
     raise FetchError(f"{engine}@{version} is not a release on PyPI{since}")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as handle:
@@ -349,7 +349,7 @@ def _store(members: dict[str, bytes], rel: Release, method: str) -> Path:
         digest = hashlib.sha256(data).hexdigest()
         blob = objects / digest
         if not blob.exists():
-            _write_atomic(blob, data)
+            write_atomic(blob, data)
             blob.chmod(0o444)
         target = staging / "root" / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -452,7 +452,7 @@ def requirements(engine: str, version: str, *, offline: bool = False) -> list[Re
         data = next((v for k, v in members.items() if k.endswith(".dist-info/METADATA")), None)
         if data is None:
             raise FetchError(f"{spec}: the wheel has no METADATA")
-        _write_atomic(path, data)
+        write_atomic(path, data)
     found = []
     for line in HeaderParser().parsestr(path.read_text(encoding="utf-8")).get_all("Requires-Dist") or []:
         try:

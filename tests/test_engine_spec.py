@@ -1,0 +1,82 @@
+"""EngineSpec: the one parser of an engine column's name (engine/serving/spec.py), and the registry that resolves it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import EngineSpecError, ExplorerError
+from engine.serving.spec import EngineSpec, ParserPair
+
+CANONICAL = ["vllm", "sglang", "raw", "bridge", "renderers", "renderers@0.1.12", "vllm@0.16.0", "sglang@0.5.12",
+             "vllm@0.16.0/qwen3+hermes", "sglang@0.5.15/-+llama3", "vllm/qwen3+hermes", "real:vllm@0.33.0",
+             "real:sglang@0.5.23/qwen3+qwen3_coder", "vllm@0.11.0rc1", "vllm@1.0.post1"]
+
+
+@pytest.mark.parametrize("text", CANONICAL)
+def test_a_canonical_name_comes_back_byte_for_byte(text: str) -> None:
+    assert str(EngineSpec.parse(text)) == text
+
+
+def test_the_fields_say_what_the_name_names() -> None:
+    assert EngineSpec.parse("vllm@0.16.0/qwen3+-") == EngineSpec("vllm", "0.16.0", ParserPair("qwen3", None))
+    assert EngineSpec.parse("real:sglang@0.5.23").real_code
+    assert EngineSpec.parse("renderers").version is None
+    assert EngineSpec.parse("vllm@0.16.0/qwen3+hermes").release == "vllm@0.16.0"
+    assert [EngineSpec.parse(t).is_serving_engine for t in ("vllm", "sglang@0.5.1", "raw", "bridge", "renderers")] \
+        == [True, True, False, False, False]
+    # An empty parser name is none, written as `-`.
+    assert str(EngineSpec.parse("sglang@0.5.15/+llama3")) == "sglang@0.5.15/-+llama3"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("vllm@../x", "'..' is not a release version"),
+    ("vllm@0.16.0/../../etc", "name the parser pair as RELEASE/REASONING+TOOL"),
+    ("vllm@%2e%2e", "is not a release version"),
+    ("vllm@0.16 .0", "is not a release version"),
+    ("vllm@", "is not a release version"),
+    ("sglang@0.5.1\n", "is not a release version"),
+    ("v" * 10_000, "at most 200 characters, this one has 10000"),
+    ("vllm@" + "1." * 150 + "1", "at most 200 characters"),
+    ("nonsense", "unknown engine 'nonsense'"),
+    ("raw@1", "raw takes no release"),
+    ("bridge/qwen3+hermes", "bridge takes no release"),
+    ("real:vllm", "real: names one release"),
+    ("vllm@0.16.0/qwen3", "name the parser pair"),
+    ("vllm@0.16.0/qwen 3+hermes", "is not a parser name"),
+    (7, "unknown engine of type int"),
+])
+def test_a_malformed_name_is_refused_in_one_sentence(text: object, message: str) -> None:
+    with pytest.raises(EngineSpecError) as raised:
+        EngineSpec.parse(text)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert isinstance(raised.value, ValueError)  # callers that refuse an unknown release catch ValueError
+
+
+def test_a_malformed_version_is_refused_before_any_fetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.serving import registry
+    from engine.serving.real import backend, fetch
+
+    def no_fetch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a malformed name reached the release index or the cache")
+
+    monkeypatch.setattr(fetch, "release", no_fetch)
+    monkeypatch.setattr(fetch, "cached_sources", no_fetch)
+    monkeypatch.setattr(backend, "release_problem", no_fetch)
+    for text in ("vllm@../x", "sglang@0.5.1/../../x+y", "vllm@" + "9" * 300):
+        with pytest.raises(ExplorerError):
+            registry.known_engine(text)
+
+
+def test_the_registry_resolves_a_spec_by_the_engines_own_names() -> None:
+    from engine.serving.registry import EMULATIONS, NEWEST, get_engine, known_engine
+
+    assert {name: cls.__name__ for name, cls in EMULATIONS.items()} == {
+        "vllm@0.33.0": "VllmEmulation", "sglang@0.5.23": "SglangEmulation", "sglang@0.5.12": "Sglang0512Emulation"}
+    assert set(NEWEST) == {"vllm", "sglang"}
+    engine = get_engine(EngineSpec.parse("sglang@0.5.12"))
+    assert (engine.spec, engine.is_real_release, engine.release_spec) == (
+        "sglang@0.5.12", False, EngineSpec("sglang", "0.5.12"))
+    assert known_engine("raw") == EngineSpec("raw")
+    with pytest.raises(ExplorerError, match="unknown engine 'nonsense'; known: raw, bridge, renderers, sglang, vllm"):
+        known_engine("nonsense")
