@@ -465,11 +465,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     model = load_model(args.model) if args.model else None
     report = analyse_trace(args.file, model, engine=args.engine, trace_format=args.format,
-                           block_size=args.block_size, hints=not args.no_hints)
+                           block_size=args.block_size, hints=not args.no_hints, skip_bad_records=True)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
         print(report_text(report))
+    if report.skipped_sentence:
+        # As grep does with a file it cannot read: the rest is reported, and the exit status says the input was bad.
+        sys.stdout.flush()
+        print(f"error: {_one_line(report.skipped_sentence)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -281,7 +281,8 @@ def test_trace_refuses_a_malformed_trace_in_one_sentence(capsys, path):
 
 
 @pytest.mark.parametrize("path,expected", [
-    ("/dev/zero", "zero: line 1 is not any trace format read here"),
+    ("/dev/zero", "zero: line 1 holds NUL bytes: it is a binary file, or UTF-16 without a byte-order mark (save it "
+     "as UTF-8)"),
     ("/nonexistent/trace.log", "trace.log cannot be read: No such file or directory"),
 ])
 def test_trace_refuses_dev_zero_and_a_missing_file(capsys, path, expected):
