@@ -208,6 +208,7 @@ def _vllm_request(request_id: str, entry: dict[str, Any], output: str | None, fi
 
 
 _SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (?P<json>\{.*\})\s*$")
+_SGLANG_CUT = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] \{.*\"event\": \"request\.")  # a record without its end
 _SGLANG_EVENTS = ("request.received", "request.received.openai", "request.finished")
 _SGLANG_HINT = "; SGLang logs whole id lists only at --log-requests-level 3"
 
@@ -224,6 +225,9 @@ def _read_sglang(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterat
     for line_no, line in enumerate(lines, 1):
         match = _SGLANG_LINE.match(line)
         if match is None:
+            if _SGLANG_CUT.match(line):
+                seen = True
+                skip(_fail(name, f"line {line_no}", "a request-logger record cut short (it does not end with })"))
             continue
         seen = seen or any(f'"event": "{event}"' in match["json"] for event in _SGLANG_EVENTS)
         try:
