@@ -350,7 +350,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
     from engine.parsers import for_parsers, get_engine
 
-    emulation = get_engine(args.engine)
+    emulation = get_engine(known_engine(args.engine))  # an engine that is not one: exit 2, one sentence
     spec = load_spec(args.model)
     names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
     reasoning_parser = args.reasoning_parser or names.get("reasoning_parser")
@@ -463,6 +463,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from engine.models import load_model
     from engine.traces.report import analyse_trace, report_text
 
+    if args.engine:
+        known_engine(args.engine)  # before the file is read: a replay engine that is not one is one sentence
     model = load_model(args.model) if args.model else None
     report = analyse_trace(args.file, model, engine=args.engine, trace_format=args.format,
                            block_size=args.block_size, hints=not args.no_hints, skip_bad_records=True)

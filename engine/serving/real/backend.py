@@ -237,6 +237,9 @@ class AddedVocab:
 def release_problem(engine: str, version: str) -> str | None:
     """None when engine@version is a release the backend serves (in the cache, or listed by PyPI: the cached index
     first, the network only when the index is missing or does not know the version); else the sentence why not."""
+    problem = fetch.release_name_problem(engine, version)  # before the cache or the network is touched
+    if problem is not None:
+        return problem
     if fetch.cached_sources(f"{engine}@{version}") is not None:
         return None
     try:
