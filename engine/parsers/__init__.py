@@ -51,12 +51,17 @@ def engine_versions(name: str) -> tuple[str, ...]:
     return tuple(pinned + [r.version for r in reversed(listed) if r.version not in pinned])
 
 
+def _shown(spec: str, size: int = 80) -> str:
+    """An engine argument as an error shows it: repr, cut to `size` characters (a name may be any length)."""
+    return repr(spec if len(spec) <= size else spec[: size - 1] + "…")
+
+
 def get_engine(spec: str) -> EngineEmulation:
     release, _, pair = spec.partition("/")
     if pair:
         reasoning, plus, tool = pair.partition("+")
         if not plus:
-            raise ValueError(f"engine {spec!r}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
+            raise ValueError(f"engine {_shown(spec)}: name the parser pair as RELEASE/REASONING+TOOL (- for none)")
         override = {"reasoning_parser": None if reasoning in ("", "-") else reasoning,
                     "tool_call_parser": None if tool in ("", "-") else tool}
         engine = for_parsers(get_engine(release), override["reasoning_parser"], override["tool_call_parser"])
@@ -74,9 +79,9 @@ def get_engine(spec: str) -> EngineEmulation:
         problem = release_problem(name, version)
         if problem is None:
             return RealEngine(name, version)
-        raise ValueError(f"unknown engine {spec!r}: {problem}")
-    raise ValueError(f"unknown engine {spec!r}; known: {', '.join([*_ENGINES, *_NEWEST])}, or any vllm@X / sglang@X "
-                     "release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
+        raise ValueError(f"unknown engine {_shown(spec)}: {problem}")
+    raise ValueError(f"unknown engine {_shown(spec)}; known: {', '.join([*_ENGINES, *_NEWEST])}, or any vllm@X / "
+                     "sglang@X release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
 
 
 def real_twin(engine: EngineEmulation) -> EngineEmulation:
