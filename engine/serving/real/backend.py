@@ -527,7 +527,10 @@ class RealEngine(EngineEmulation):
         vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
         job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
         worker = worker_for(self.name, self.version, offline=self.offline)
-        reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+        try:
+            reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+        except EngineWorkerError as err:  # hung or died: this request's error, as a parse's is (the next one restarts)
+            raise RenderError(f"{self.spec}'s request side did not answer: {err}") from None
         result = reply.get("result") or {}
         if not reply.get("ok") or result.get("error"):
             where = f" at {reply['where']}" if reply.get("where") else ""
