@@ -246,7 +246,7 @@ def _split(value: str | None, option: str = "") -> list[str] | None:
     """A comma-separated option's names (None when not given); an option given with no name in it is one sentence."""
     if value is None:
         return None
-    names = [v.strip() for v in value.split(",") if v.strip()]
+    names = [v for v in value.split(",") if v]
     if not names and option:
         raise ExplorerError(f"{option} names nothing, got {value!r}")
     return names or None

@@ -44,6 +44,19 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = CONDIT
         time.sleep(0.005)
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP the process and wait until it is stopped: a signal takes effect when the process next runs, and one
+    blocked reading a pipe that meanwhile got data reads it first, so a request written before then could be consumed
+    before the stop."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
+
+    wait_for(stopped, f"process {pid} to stop")
+
+
 def pipe_bytes(stream: Any) -> int:
     """Bytes written to a pipe and not yet read from it (FIONREAD works on either end of a Linux pipe)."""
     return struct.unpack("i", fcntl.ioctl(stream.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
@@ -100,7 +113,7 @@ def test_a_hung_release_worker_is_one_sentence_and_the_next_parse_gets_a_fresh_o
     worker = backend.worker_for(*SPEC)
     hung = worker.proc.pid
     monkeypatch.setenv("DRIFT_ENGINE_PARSE_TIMEOUT_S", "2")
-    os.kill(hung, signal.SIGSTOP)  # answers nothing from now on, as a job that loops forever
+    stop(hung)  # answers nothing from now on, as a job that loops forever
     started = time.monotonic()
     result = parse(engine)
     assert result.error == "the sglang@0.5.23 worker did not parse within 2 s"
@@ -122,7 +135,7 @@ def test_a_release_worker_killed_mid_parse_is_one_sentence_and_the_next_parse_ge
     worker = backend.worker_for(*SPEC)
     victim = worker.proc.pid
     stdin = worker.proc.stdin
-    os.kill(victim, signal.SIGSTOP)  # holds the request unread until the kill: the kill lands mid-request
+    stop(victim)  # holds the request unread until the kill: the kill lands mid-request
     thread, outcome = run_in_thread(lambda: parse(engine))
     wait_for(lambda: pipe_bytes(stdin) > 0, "the parse request to reach the worker's stdin")
     os.kill(victim, signal.SIGKILL)
@@ -161,7 +174,7 @@ def test_a_hung_release_worker_is_a_cell_error_and_the_next_cell_holds(release, 
     worker = backend.worker_for(*SPEC)
     hung = worker.proc.pid
     monkeypatch.setenv("DRIFT_ENGINE_PARSE_TIMEOUT_S", "2")
-    os.kill(hung, signal.SIGSTOP)
+    stop(hung)
     cell = run_cell()
     assert cell.status == "error"
     assert cell.note == ("sglang 0.5.23 (real code) rejects the next request: sglang@0.5.23's request side did not "
@@ -179,7 +192,7 @@ TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 BASIC = [{"role": "user", "content": "hi"}]
 
 
-def sandbox_renderer(timeout_s: float = 10.0) -> SandboxedRenderer:
+def sandbox_renderer(timeout_s: float = 30.0) -> SandboxedRenderer:
     # A template of its own (its own worker), so that other tests' workers are not touched.
     return SandboxedRenderer(TEMPLATE + "{# " + str(time.monotonic_ns()) + " #}", model=MODEL,
                              source_path="custom.jinja", limits=RenderLimits(timeout_s=timeout_s))
@@ -191,12 +204,14 @@ def sandbox_stdin(renderer: SandboxedRenderer) -> Any:
 
 @pytest.mark.slow
 def test_a_hung_render_worker_is_the_time_limit_and_the_next_render_gets_a_fresh_one():
-    renderer = sandbox_renderer(timeout_s=1.5)
+    renderer = sandbox_renderer()
     assert renderer.render(BASIC, None, add_generation_prompt=False).text == "<user>hi"
     hung = renderer.worker_pid
-    os.kill(hung, signal.SIGSTOP)
+    stop(hung)
+    roomy, renderer.limits = renderer.limits, RenderLimits(timeout_s=1.5)  # short only while the worker is stopped
     with pytest.raises(RenderLimitExceeded) as caught:
         renderer.render(BASIC, None, add_generation_prompt=False)
+    renderer.limits = roomy
     assert str(caught.value) == f"custom.jinja for model {MODEL} was stopped after 1.5 s (render time limit)"
     assert caught.value.limit == "time"
     with pytest.raises(ProcessLookupError):
@@ -211,7 +226,7 @@ def test_a_render_worker_killed_mid_render_is_one_sentence_and_the_next_render_g
     assert renderer.render(BASIC, None, add_generation_prompt=False).text == "<user>hi"
     victim = renderer.worker_pid
     stdin = sandbox_stdin(renderer)
-    os.kill(victim, signal.SIGSTOP)
+    stop(victim)
     thread, outcome = run_in_thread(lambda: renderer.render(BASIC, None, add_generation_prompt=False))
     wait_for(lambda: pipe_bytes(stdin) > 0, "the render request to reach the worker's stdin")
     os.kill(victim, signal.SIGKILL)
