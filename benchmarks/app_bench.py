@@ -114,6 +114,34 @@ def _run(repeat: int) -> dict:
     }
 
 
+def pinned_first_view(spec: str) -> dict:
+    """The first view of a fresh server (models loaded, no cell cached) showing the column of a pinned release, in
+    this process: `engine@version` picked in the sidebar before the first script run."""
+    quiet_no_context_warning()
+    engine, _, version = spec.partition("@")
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900)
+    at.session_state["engine_view"] = engine
+    at.session_state[f"ver:{engine}"] = version
+    seconds = _timed_run(at)
+    return {"seconds": round(seconds, 3), "caption": _cells_caption(at)}
+
+
+def pinned_views(specs: tuple[str, ...]) -> dict:
+    """Each pinned release's first view in a fresh process, with the persisted result cache as it is, then without it
+    (DRIFT_RESULT_CACHE=0: every answer of the release asked of a fresh worker)."""
+    import subprocess
+
+    views: dict[str, dict] = {}
+    for spec in specs:
+        for label, env in (("with_cache", {}), ("without_cache", {"DRIFT_RESULT_CACHE": "0"})):
+            done = subprocess.run([sys.executable, __file__, "--pinned", spec], capture_output=True, text=True,
+                                  env={**os.environ, **env}, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"the pinned view of {spec} failed: {done.stderr[-2000:]}")
+            views[f"{spec} {label}"] = json.loads(done.stdout)
+    return views
+
+
 def report_text(r: dict) -> str:
     lines = [
         f"# drift-matrix app bench, {r['date']}, {r['machine']}; load average {r['load_average_before']} -> "
@@ -129,6 +157,7 @@ def report_text(r: dict) -> str:
         f"peak RSS         {r['peak_rss_mb']:8.1f} MiB  (all six models loaded, the app's caches filled)",
     ]
     lines += [f"  first flip {k}: {v:.1f} ms" for k, v in r["toggle_ms_by_kwarg"].items()]
+    lines += [f"fresh server, {k}: {v['seconds']:.1f} s ({v['caption']})" for k, v in r.get("pinned", {}).items()]
     return "\n".join(lines)
 
 
@@ -136,8 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="write the figures as JSON to PATH, or - for stdout")
+    parser.add_argument("--pinned-releases", default="sglang@0.5.12,vllm@0.33.0",
+                        help="releases whose column a fresh server shows first, each timed with and without the "
+                             "result cache (comma-separated; 'none' skips)")
+    parser.add_argument("--pinned", help=argparse.SUPPRESS)  # one fresh process's first view (pinned_views)
     args = parser.parse_args(argv)
+    if args.pinned:
+        with tempfile.TemporaryDirectory(prefix="drift-app-bench-") as workspace:
+            os.environ["DRIFT_WORKSPACE"] = workspace
+            print(json.dumps(pinned_first_view(args.pinned)))
+        return 0
     report = run(args.repeat)
+    if args.pinned_releases != "none":
+        report["pinned"] = pinned_views(tuple(args.pinned_releases.split(",")))
     if args.json == "-":
         print(json.dumps(report, indent=2))
     else:

@@ -1,13 +1,13 @@
 """Every vLLM and SGLang release through the real-engine backend, against the golden corpus (non-streaming).
 
-    python benchmarks/real_engines.py [--engines vllm,sglang] [--releases 0.10.0,0.25.1] [--readme] [--json PATH]
+    python benchmarks/real_engines.py [--engines vllm,sglang] [--releases 0.10.0,0.25.1] [--docs] [--json PATH]
 
 For each release: does it load (its worker starts and lists its parsers), and what do the golden corpus's
 non-streaming cases give. The golden files (tests/golden/) hold what the real parsers of the three pinned releases
 returned; a release is compared with the nearest pinned release of the same engine (by release order), so
 "passes" means "returns what that pinned release returns for every case", and "differs" says how many cases and
-which fields. Cases whose parser the release does not register count as "parser missing" (named). `--readme`
-rewrites the table between the markers in README.md.
+which fields. Cases whose parser the release does not register count as "parser missing" (named). `--docs`
+rewrites the table between the markers in docs/real-engines.md.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def stale_citations(spec: str) -> dict[str, dict]:
     return {k: {**v, "executed_near": sorted(v["executed_near"])} for k, v in sorted(stale.items())}
 
 
-def readme_table(rows: list[Row], streamed: list[Row]) -> str:
+def releases_table(rows: list[Row], streamed: list[Row]) -> str:
     lines = ["| release | loads | against | golden corpus, non-streaming | streaming (golden chunks) |",
              "|---|---|---|---|---|"]
     for row, stream in zip(rows, streamed):
@@ -183,11 +183,11 @@ def readme_table(rows: list[Row], streamed: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(rows: list[Row], streamed: list[Row]) -> None:
-    readme = PROJECT / "README.md"
-    text = readme.read_text(encoding="utf-8")
+def write_docs_table(rows: list[Row], streamed: list[Row]) -> None:
+    page = PROJECT / "docs" / "real-engines.md"
+    text = page.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(text[:start] + "\n" + readme_table(rows, streamed) + "\n" + text[end:], encoding="utf-8")
+    page.write_text(text[:start] + "\n" + releases_table(rows, streamed) + "\n" + text[end:], encoding="utf-8")
 
 
 def bench(model: str, scenario: str, repeat: int) -> dict:
@@ -254,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="vllm,sglang")
     parser.add_argument("--releases", help="comma-separated versions (default: every release); 'ci' for CI's sample")
-    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    # --readme: the table's old home, kept as an alias
+    parser.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                        help="rewrite the table in docs/real-engines.md")
     parser.add_argument("--json", help="write the rows as JSON to PATH ('-' for stdout)")
     parser.add_argument("--bench", metavar="MODEL:SCENARIO", help="the benchmark figures instead of the table")
     parser.add_argument("--repeat", type=int, default=200)
@@ -288,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             streamed.append(stream)
             print(f"{row.spec}: {row.verdict()} | streaming: {stream.verdict()} [{row.seconds + stream.seconds:.1f} s]",
                   file=sys.stderr, flush=True)
-    if args.readme:
-        write_readme(rows, streamed)
+    if args.docs:
+        write_docs_table(rows, streamed)
     if args.json:
         payload = json.dumps([{**r.to_json(), "streaming": s.to_json()} for r, s in zip(rows, streamed)], indent=1,
                              ensure_ascii=False)

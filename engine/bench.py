@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.matrix import MatrixRequest, default_request, run_matrix
 from engine.models import LoadedModel, load_model, load_spec, special_token_vars
+from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
 
@@ -47,6 +48,15 @@ class BenchReport:
     matrix_runs_s: list[float]
     cell_median_ms: float
     cell_max_ms: float
+    # The same matrix without the persisted result cache, every release's worker stopped first: what a first run
+    # pays for the real code (worker start-up and every parse and request-side render asked anew); one run.
+    matrix_cold_s: float
+    ratio_cold_to_floor: float | None
+    # The same matrix without causes (status and prefixes only, as the web app's grid shows it); best run. Blame's
+    # share is what the causes add to matrix_s.
+    matrix_without_causes_s: float
+    blame_share: float
+    result_cache: dict[str, int]  # hits, misses, rejected of the persisted result cache over the bench
     # The floor: each distinct string the matrix tokenizes, tokenized whole by the library; best pass.
     distinct_strings: int
     tokens: int
@@ -126,10 +136,13 @@ def machine_name() -> str:
 
 
 def clear_run_caches(model_ids: tuple[str, ...]) -> None:
-    """Empty every cache the matrix fills: cells, renders, whole strings and segments."""
+    """Empty every cache the matrix fills in memory: cells, renders, whole strings and segments, and the real
+    releases' answers kept in memory (the persisted ones stay: a warm run reads them from disk, as a fresh process
+    does)."""
     from engine import simulate
 
     simulate._cached_cell.cache_clear()
+    result_cache().clear_memory()
     for model_id in model_ids:
         model = load_model(model_id)
         for part in (model.renderer, model.tokenizer):
@@ -596,6 +609,24 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
             "models": list(models), "calls": list(calls), "points": points, "growth_exponent": exponents}
 
 
+def _cold_matrix(request: MatrixRequest) -> float:
+    from engine.serving.real.backend import stop_workers
+
+    clear_run_caches(request.models)
+    stop_workers()
+    before = os.environ.get("DRIFT_RESULT_CACHE")
+    os.environ["DRIFT_RESULT_CACHE"] = "0"
+    try:
+        start = time.perf_counter()
+        run_matrix(request)
+        return time.perf_counter() - start
+    finally:
+        if before is None:
+            os.environ.pop("DRIFT_RESULT_CACHE")
+        else:
+            os.environ["DRIFT_RESULT_CACHE"] = before
+
+
 def _progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
@@ -607,6 +638,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     request = request or default_request()
     models = request.models
     load_before = os.getloadavg()
+    results = result_cache()
     progress("cold start")
     cold_s, cold_models, fresh_imports = cold_start(models)
 
@@ -638,6 +670,18 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
                 run_cell(model_id, scenario, engine, request.kwargs.get(model_id, {}))
                 cell_times.append(time.perf_counter() - start)
     matrix_s = min(runs)
+
+    progress("matrix without causes")
+    uncaused = []
+    for _ in range(repeat):
+        clear_run_caches(models)
+        start = time.perf_counter()
+        run_matrix(request, explain=False)
+        uncaused.append(time.perf_counter() - start)
+    matrix_without_causes_s = min(uncaused)
+
+    progress("matrix cold: no result cache, workers stopped")
+    matrix_cold_s = _cold_matrix(request)
 
     progress("floor: distinct strings tokenized whole")
     encoders = {m: _library_encoder(load_model(m)) for m in models if load_model(m).tokenizer is not None}
@@ -743,6 +787,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         floor_s=round(floor_s, 4),
         floor_project_s=round(floor_project_s, 4),
         ratio_to_floor=round(matrix_s / floor_s, 2) if floor_s else None,
+        matrix_cold_s=round(matrix_cold_s, 4),
+        ratio_cold_to_floor=round(matrix_cold_s / floor_s, 2) if floor_s else None,
+        matrix_without_causes_s=round(matrix_without_causes_s, 4),
+        blame_share=round(max(matrix_s - matrix_without_causes_s, 0.0) / matrix_s, 3),
+        result_cache={"hits": results.hits, "misses": results.misses, "rejected": results.rejected},
         render_calls=sum(len(v) for v in recorder.requests.values()),
         distinct_renders=sum(len(v) for v in distinct.values()),
         render_s=round(render_s, 4),
@@ -781,7 +830,15 @@ def report_text(r: BenchReport) -> str:
         f"{r.characters} chars, tokenized whole by the library; project encode {r.floor_project_s:.3f} s)",
     ]
     if r.ratio_to_floor is not None:
-        lines.append(f"matrix / floor   {r.ratio_to_floor:8.2f} x")
+        lines.append(f"matrix / floor   {r.ratio_to_floor:8.2f} x  (the releases' answers from the persisted result "
+                     f"cache: {r.result_cache['hits']} hits, {r.result_cache['misses']} misses, "
+                     f"{r.result_cache['rejected']} rejected)")
+    lines += [
+        f"matrix, no causes {r.matrix_without_causes_s:7.3f} s  (blame's share of the matrix: "
+        f"{100 * r.blame_share:.0f} %)",
+        f"matrix cold      {r.matrix_cold_s:8.3f} s  (no result cache, workers stopped first; "
+        f"{r.ratio_cold_to_floor} x the floor)",
+    ]
     lines += [
         f"render once      {r.render_s:8.3f} s  ({r.distinct_renders} distinct of {r.render_calls} render calls; "
         f"with provenance {r.render_with_provenance_s:.3f} s, read by the matrix for {r.provenance_read})",

@@ -22,9 +22,10 @@ def default_request() -> MatrixRequest:
     return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
 
 
-def run_matrix(request: MatrixRequest) -> list[CellResult]:
+def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
+    """Every cell of the request; `explain=False` leaves the causes out (status and prefixes only)."""
     return [
-        run_cell(m, s, e, request.kwargs.get(m, {}))
+        run_cell(m, s, e, request.kwargs.get(m, {}), explain=explain)
         for m in request.models
         for s in request.scenarios
         for e in request.engines

@@ -19,6 +19,7 @@ template on the same messages, and the cell says where they differ.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ class Failed(ExplorerError):
         self.boundaries = boundaries
 
 
+@functools.cache
 def version() -> str:
     try:
         return metadata.version("renderers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -161,11 +162,12 @@ def _apply_fix(fix: dict) -> None:
 
 
 @st.cache_resource(show_spinner=False, max_entries=512)
-def _custom_cell(upload_id: str, workspace_root: str, scenario: str, engine: str, kwargs_json: str) -> CellResult:
+def _custom_cell(upload_id: str, workspace_root: str, scenario: str, engine: str, kwargs_json: str,
+                 explain: bool = True) -> CellResult:
     from engine.workspace import Workspace
 
     model = Workspace(workspace_root).load_model(upload_id)
-    return run_cell_with(model, scenario, engine, json.loads(kwargs_json))
+    return run_cell_with(model, scenario, engine, json.loads(kwargs_json), explain=explain)
 
 
 def _custom_model(upload_id: str, workspace_root: str) -> LoadedModel:
@@ -243,11 +245,13 @@ def _rows(scenarios: list[str], view: str) -> list[Row]:
     return [Row(f"{s} · {spec}", s, spec) for s in scenarios for spec in (_engine_spec("vllm"), _engine_spec("sglang"))]
 
 
-def _run(column: Column, row: Row, kwargs: dict) -> CellResult:
+def _run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> CellResult:
+    """One cell. The grid shows statuses and prefixes (`explain=False`): a cause is a search of counterfactual
+    re-runs, computed when the cell is opened or exported."""
     if column.upload_id is None:
-        return run_cell(column.model_id, row.scenario, row.engine, kwargs)
+        return run_cell(column.model_id, row.scenario, row.engine, kwargs, explain=explain)
     return _custom_cell(column.upload_id, workspace_root(), row.scenario, row.engine,
-                        json.dumps(kwargs, sort_keys=True))
+                        json.dumps(kwargs, sort_keys=True), explain)
 
 
 def _plot(cells: list[CellResult]) -> go.Figure:
@@ -292,16 +296,16 @@ def main() -> None:
     columns, rows = _columns(models, loaded), _rows(scenarios, view)
     level = st.session_state.level
     started = time.perf_counter()
-    with st.spinner("Running the roundtrips…"):
-        grid: dict[tuple[str, str], CellResult] = {}
-        for column in columns:
-            kwargs = user_kwargs(loaded[column.model_id])
-            for row in rows:
-                try:
-                    grid[(row.label, column.title)] = _run(column, row, kwargs)
-                except BaseException as err:  # noqa: BLE001 - a failing custom column (a panic too) stays in its cells
-                    grid[(row.label, column.title)] = CellResult(column.model_id, row.scenario, row.engine, "",
-                                                                 kwargs, "error", note=describe_error(err))
+    grid: dict[tuple[str, str], CellResult] = {}
+    runs = [(column, row, user_kwargs(loaded[column.model_id])) for column in columns for row in rows]
+    # A cold release (its first cells run its code in a fresh worker) takes seconds a column: say how far it is.
+    progress = st.empty()
+    for done, (column, row, kwargs) in enumerate(runs):
+        if done % len(rows or [0]) == 0 and time.perf_counter() - started > PROGRESS_AFTER_S:
+            progress.progress(done / len(runs), text=f"Running the roundtrips: {done} of {len(runs)} cells "
+                                                     f"({column.model_id} × {row.engine})…")
+        grid[(row.label, column.title)] = _guarded_run(column, row, kwargs, explain=False)
+    progress.empty()
     elapsed = time.perf_counter() - started
     labels = _labels(grid, rows, columns, level, pairs=view == SIDE_BY_SIDE)
     frame = pd.DataFrame([[labels[(r.label, c.title)] for c in columns] for r in rows],
@@ -329,10 +333,14 @@ def main() -> None:
             st.session_state.selected = {"model": column.model_id, "scenario": row.scenario, "engine": row.engine,
                                          "upload": column.upload_id}
     all_cells = list(grid.values())
+
+    def explained_cells() -> list[CellResult]:  # the exports carry every cause: computed when asked for
+        return [_guarded_run(column, row, kwargs, explain=True) for column, row, kwargs in runs]
+
     # Loading only shows on a fresh server (models are cached across sessions after that).
     loading = f"; the real templates and tokenizers loaded in {loaded_s:.1f} s" if loaded_s >= 0.05 else ""
     st.caption(f"{len(all_cells)} cells in {elapsed:.2f} s{loading}.")
-    _exports(all_cells, loaded)
+    _exports(explained_cells, loaded)
     with st.expander("Prefill saved vs lost, per model", expanded=False):
         st.plotly_chart(_plot(all_cells), width="stretch")
     _detail(loaded)
@@ -361,15 +369,27 @@ def _labels(grid: dict[tuple[str, str], CellResult], rows: list[Row], columns: l
     return labels
 
 
-def _exports(cells: list[CellResult], loaded: dict[str, LoadedModel]) -> None:
+PROGRESS_AFTER_S = 0.5  # a grid from the caches shows at once, with no bar flashing by
+
+
+def _guarded_run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> CellResult:
+    try:
+        return _run(column, row, kwargs, explain=explain)
+    except BaseException as err:  # noqa: BLE001 - a failing custom column (a panic too) stays in its cells
+        return CellResult(column.model_id, row.scenario, row.engine, "", kwargs, "error", note=describe_error(err))
+
+
+def _exports(explained_cells: Callable[[], list[CellResult]], loaded: dict[str, LoadedModel]) -> None:
     cols = st.columns(4)
-    # Built when clicked, not on every script run: serializing every cell's boundaries is most of a re-run.
-    cols[0].download_button("Matrix CSV", lambda: matrix_csv(cells), "drift-matrix.csv", "text/csv",
+    # Built when clicked, not on every script run: the causes and serializing every cell's boundaries are most of the
+    # work.
+    cols[0].download_button("Matrix CSV", lambda: matrix_csv(explained_cells()), "drift-matrix.csv", "text/csv",
                             key="export:csv", on_click="ignore")
-    cols[1].download_button("Matrix JSON", lambda: json.dumps(matrix_json(cells), ensure_ascii=False, indent=2),
+    cols[1].download_button("Matrix JSON",
+                            lambda: json.dumps(matrix_json(explained_cells()), ensure_ascii=False, indent=2),
                             "drift-matrix.json", "application/json", key="export:json", on_click="ignore")
-    stock = [c for c in cells if c.model in loaded and "+" not in c.model]
     if cols[2].button("Prepare evidence (JSON + HTML)", key="export:prepare"):
+        stock = [c for c in explained_cells() if c.model in loaded and "+" not in c.model]
         st.session_state.matrix_evidence = (
             json.dumps(matrix_evidence(stock, loaded), ensure_ascii=False, indent=2),
             evidence_html(stock, loaded))

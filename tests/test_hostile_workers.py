@@ -80,9 +80,12 @@ def run_in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, 
 
 @pytest.fixture
 def release(monkeypatch):
-    """sglang@0.5.23's RealEngine, its worker started and answering, stopped again afterwards."""
+    """sglang@0.5.23's RealEngine, its worker started and answering, stopped again afterwards; every request asks the
+    worker (the persistent result cache, which would answer a repeated job without it, is off)."""
     require_release("@".join(SPEC))
     from engine.serving.real import backend
+
+    monkeypatch.setenv("DRIFT_RESULT_CACHE", "0")
 
     backend.stop_workers()
     engine = backend.RealEngine(*SPEC)

@@ -76,7 +76,7 @@ class SglangDeepSeekRecipeRenderer:
     def prompt(self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None = None
                ) -> tuple[str, tuple[int, ...]]:
         """The prompt text and the prompt ids the release's request path builds (the server's 400 a RenderError)."""
-        from engine.serving.real.backend import AddedVocab, EngineWorkerError, worker_for
+        from engine.serving.real.backend import AddedVocab, EngineWorkerError, ask_release
 
         vocab = AddedVocab.from_tokenizer(self.tokenizer)
         if vocab is None or vocab.tokenizer_json is None:
@@ -86,7 +86,7 @@ class SglangDeepSeekRecipeRenderer:
                "reasoning_parser": PARSERS[0], "tool_parser": PARSERS[1], "force_reasoning": True,
                "tokenizer": vocab.job()}
         try:
-            reply = worker_for(self.engine, self.version).ask(job, RENDER_TIMEOUT_S)
+            reply = ask_release(self.engine, self.version, job, RENDER_TIMEOUT_S)
         except EngineWorkerError as err:
             raise RenderError(f"{MODEL_ID}: {self.origin} could not run here: {err}", model=MODEL_ID,
                               path=self.source_path) from err

@@ -14,7 +14,7 @@
 - `mini-swe-agent`: a trajectory_format "mini-swe-agent-1.x" file (mini-swe-agent 2.4.6 DefaultAgent.serialize).
 - `swe-agent`: a SWE-agent 1.x .traj (DefaultAgent.get_trajectory_data: trajectory, history, info).
 
-The README's "Your traffic" section has the table. Line formats are read line by line, keeping only the requests
+docs/traces.md has the table. Line formats are read line by line, keeping only the requests
 still waiting for their output, so a log of any size streams (a line may hold up to MAX_LINE_BYTES). The trajectory
 formats are one JSON document per trajectory (the packages write them with json.dumps), read whole (up to
 MAX_DOCUMENT_BYTES). Every refusal is one sentence: the file, the line or record, what is wrong.

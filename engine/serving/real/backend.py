@@ -36,6 +36,7 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.parsers.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
+from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -160,6 +161,16 @@ _WORKERS: OrderedDict[str, Worker] = OrderedDict()
 _WORKERS_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=64)
+def _dependencies(engine: str, version: str, offline: bool, cache: Path) -> fetch.Dependencies:
+    # once per release and cache folder: the worker runs these, and the result cache's key names them
+    return fetch.dependency_sources(engine, version, offline=offline)
+
+
+def release_dependencies(engine: str, version: str, *, offline: bool = False) -> fetch.Dependencies:
+    return _dependencies(engine, version, offline, fetch.cache_dir())
+
+
 def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *, offline: bool = False) -> Worker:
     """The live worker of engine@version (started, and its sources fetched, when needed)."""
     spec = f"{engine}@{version}"
@@ -170,7 +181,7 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
             _WORKERS.move_to_end(spec)
             return worker
     sources = fetch.fetch_sources(engine, version, offline=offline)
-    worker = Worker(engine, version, sources.root, limits, fetch.dependency_sources(engine, version, offline=offline))
+    worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=offline))
     worker.start()
     with _WORKERS_LOCK:
         _WORKERS[spec] = worker
@@ -180,6 +191,39 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
     return worker
 
 
+def _deterministic(reply: dict) -> bool:
+    """Whether the reply is the release's answer to the job alone: a result, or its code refusing the job (a step
+    that raised, `where` set), but not a failure of the worker's own state (memory, recursion depth)."""
+    if reply.get("ok"):
+        return True
+    return "where" in reply and not str(reply.get("error", "")).startswith(("MemoryError", "RecursionError"))
+
+
+def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False) -> dict:
+    """The release's answer to `job`: from the result cache when this release, its glue and its dependencies answered
+    the same job before (engine/serving/real/results.py), else from its worker (started when needed), kept when the
+    release answered or refused (`_deterministic`). A worker that cannot start or answer raises EngineWorkerError,
+    and nothing is kept."""
+    spec = f"{engine}@{version}"
+    cache = result_cache() if persisted_results_enabled() else None
+    key = None
+    if cache is not None and fetch.cached_wheel_sha256(spec) is not None:
+        fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
+        if fingerprint is not None:
+            key = fingerprint.key(job)
+            reply = cache.get(spec, key)
+            if reply is not None:
+                return reply
+    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
+    if cache is not None and _deterministic(reply):
+        if key is None:  # the sources were fetched just now
+            fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
+            key = fingerprint.key(job) if fingerprint is not None else None
+        if key is not None:
+            cache.put(spec, key, reply)
+    return reply
+
+
 def stop_workers() -> None:
     with _WORKERS_LOCK:
         while _WORKERS:
@@ -187,6 +231,10 @@ def stop_workers() -> None:
 
 
 atexit.register(stop_workers)
+
+
+# id(tokenizer backend) -> (that backend, its vocabulary); the backend is held so that its id is not reused
+_VOCABS: dict[int, tuple[Any, AddedVocab | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -206,11 +254,23 @@ class AddedVocab:
         while hasattr(inner, "inner"):
             inner = inner.inner
         backend = getattr(inner, "backend", None)
-        if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+        if backend is None:
+            return None
+        # Read once per tokenizer: every parse and request-side render of a matrix asks (the decoder lists hundreds)
+        known = _VOCABS.get(id(backend))
+        if known is not None and known[0] is backend:
+            return known[1]
+        vocab = cls._read(inner, backend)
+        _VOCABS[id(backend)] = (backend, vocab)
+        return vocab
+
+    @classmethod
+    def _read(cls, inner: Any, backend: Any) -> AddedVocab | None:
+        if hasattr(backend, "get_added_tokens_decoder"):
             decoder = backend.get_added_tokens_decoder()
             return cls({t.content: i for i, t in decoder.items()},
                        frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
-        if backend is not None and hasattr(backend, "special_tokens_set"):
+        if hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
         return None
@@ -296,7 +356,7 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
 
 
 # Where a release's tool parsers live: vllm/tool_parsers/, vllm/parser/ (0.2x's parser engine), sglang's function_call/.
-_TOOL_PARSER_PATHS = ("tool_parser", "/parser/", "function_call/")
+_TOOL_PARSER_FILE = re.compile("tool_parser|/parser/|function_call/")
 
 
 def field_sources(origin: str, text: str, result: dict, trace: dict) -> tuple[tuple[str, Location], ...]:
@@ -319,7 +379,7 @@ def field_sources(origin: str, text: str, result: dict, trace: dict) -> tuple[tu
             (e for e in reversed(in_parser) if e["variable"].startswith("return of ")), None)
         if made is not None:
             sources.append(("reasoning", where(made)))
-    in_tool_parsers = [e for e in edits if any(part in e["file"] for part in _TOOL_PARSER_PATHS)]
+    in_tool_parsers = [e for e in edits if _TOOL_PARSER_FILE.search(e["file"])]
     # a parameter's text turned into another type (SGLang's Qwen3-Coder `_convert_param_value`): the repr of a str
     # before, of something else after
     converted = next((e for e in in_tool_parsers if e["kind"] == "type" and str(e["before"])[:1] in "'\""
@@ -451,14 +511,15 @@ class RealEngine(EngineEmulation):
                "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,
                "tokenizer": vocab.job(), "model_type": "gpt_oss" if harmony else "generic",
                "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
-        worker = worker_for(self.name, self.version, offline=self.offline)
         try:
-            reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
         except EngineWorkerError as err:
             return ParseResult(None, None, error=str(err))
         if not reply.get("ok"):
             where = f" at {reply['where']}" if reply.get("where") else ""
-            return ParseResult(None, None, error=f"{reply.get('error')}{where}{worker.stubbed_dependencies()}")
+            stubbed = worker_for(self.name, self.version, offline=self.offline).stubbed_dependencies()
+            return ParseResult(None, None, error=f"{reply.get('error')}{where}{stubbed}")
         result = reply["result"]
         if result.get("error"):
             return ParseResult(None, None, error=result["error"])
@@ -526,9 +587,9 @@ class RealEngine(EngineEmulation):
         one sentence, naming the release's file and line, when its code refuses the request."""
         vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
         job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
-        worker = worker_for(self.name, self.version, offline=self.offline)
         try:
-            reply = worker.ask(job, WorkerLimits.from_env().parse_timeout_s)
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
         except EngineWorkerError as err:  # hung or died: this request's error, as a parse's is (the next one restarts)
             raise RenderError(f"{self.spec}'s request side did not answer: {err}") from None
         result = reply.get("result") or {}

@@ -22,6 +22,7 @@ Nothing here imports or runs the fetched code.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import json
@@ -425,17 +426,36 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def cached_sources(spec: str) -> Sources | None:
-    """The release's sources if they are in the cache (no network)."""
-    check_release_name(*spec.partition("@")[::2])
-    folder = cache_dir() / "releases" / spec
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.exists():
-        return None
-    manifest = json.loads(manifest_path.read_text())
+@functools.lru_cache(maxsize=128)
+def _stored_sources(folder: Path, spec: str, stamp: tuple[int, int]) -> tuple[Sources, str | None]:
+    # a manifest lists thousands of files: read once per process and version of the file (its mtime and size)
+    manifest = json.loads((folder / "manifest.json").read_text())
     licence = next((folder / "root" / n for n in sorted(manifest["files"])
                     if n.rsplit("/", 1)[-1].upper().startswith(("LICENSE", "COPYING"))), None)
-    return Sources(spec, folder / "root", len(manifest["files"]), licence, 0, "cached")
+    wheel_sha256 = (manifest.get("wheel") or {}).get("sha256")
+    return Sources(spec, folder / "root", len(manifest["files"]), licence, 0, "cached"), wheel_sha256
+
+
+def _stored(spec: str) -> tuple[Sources, str | None] | None:
+    check_release_name(*spec.partition("@")[::2])  # a spec becomes a path here: never one that is not a release
+    folder = cache_dir() / "releases" / spec
+    try:
+        stat = (folder / "manifest.json").stat()
+    except OSError:
+        return None
+    return _stored_sources(folder, spec, (stat.st_mtime_ns, stat.st_size))
+
+
+def cached_sources(spec: str) -> Sources | None:
+    """The release's sources if they are in the cache (no network)."""
+    stored = _stored(spec)
+    return stored[0] if stored is not None else None
+
+
+def cached_wheel_sha256(spec: str) -> str | None:
+    """The sha256 of the wheel a cached release's sources came from (its manifest), if the release is cached."""
+    stored = _stored(spec)
+    return stored[1] if stored is not None else None
 
 
 def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Sources:

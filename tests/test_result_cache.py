@@ -1,0 +1,114 @@
+"""The persisted result cache of the real backend (engine/serving/real/results.py): a release's answer is read back
+instead of asked again, under a key naming the release, its glue and the whole job; a corrupt or tampered entry is
+detected by its hash and asked again; a failed worker leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import require_release as need
+
+from engine.serving.real import backend
+from engine.serving.real.results import ResultCache, release_fingerprint
+
+pytestmark = pytest.mark.real_engine
+
+QWEN_VOCAB = {"<think>": 151667, "</think>": 151668, "<tool_call>": 151657, "</tool_call>": 151658}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+OUTPUT = ("<think>\nhmm\n</think>\n\nSure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+          "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ResultCache:
+    """A result cache of its own in tmp_path; the release's sources stay in the shared engine cache."""
+    fresh = ResultCache(tmp_path / "results")
+    monkeypatch.setattr(backend, "result_cache", lambda: fresh)
+    monkeypatch.delenv("DRIFT_RESULT_CACHE", raising=False)
+    return fresh
+
+
+def _parse(engine: backend.RealEngine):
+    return engine.parse(OUTPUT, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS,
+                        added_tokens=QWEN_VOCAB)
+
+
+def _answer(result) -> tuple:
+    """What the release parsed, without its call ids (SGLang draws them from uuid4 at every ask)."""
+    return result.reasoning, result.content, [(c.name, c.arguments) for c in result.tool_calls], result.error
+
+
+def _entries(cache: ResultCache) -> list[Path]:
+    return sorted(cache.folder.rglob("*.json"))
+
+
+def test_a_second_ask_reads_the_answer_and_starts_no_worker(cache: ResultCache) -> None:
+    need("sglang@0.5.23")
+    engine = backend.RealEngine("sglang", "0.5.23")
+    first = _parse(engine)
+    assert (first.reasoning, first.content) == ("\nhmm\n", "\n\nSure.\n")  # 0.5.23 keeps them verbatim
+    assert [(c.name, c.arguments) for c in first.tool_calls] == [("get_weather", '{"city": "Paris", "days": 3}')]
+    [entry] = _entries(cache)
+    assert entry.parent.parent.name == "sglang@0.5.23"
+    backend.stop_workers()
+    cache.clear_memory()
+    again = _parse(engine)
+    assert again == first
+    assert "sglang@0.5.23" not in backend._WORKERS  # answered from the file
+    assert (cache.hits, cache.misses, cache.rejected) == (1, 1, 0)
+
+
+def test_the_key_names_the_job_in_order_and_the_release() -> None:
+    need("sglang@0.5.23", "sglang@0.5.12")
+    deps = backend.release_dependencies("sglang", "0.5.23")
+    new = release_fingerprint("sglang@0.5.23", deps)
+    old = release_fingerprint("sglang@0.5.12", backend.release_dependencies("sglang", "0.5.12"))
+    assert new is not None and old is not None and new.wheel_sha256 != old.wheel_sha256
+    job = {"op": "parse", "text": "a", "tools": [{"a": 1, "b": 2}]}
+    reordered = {"op": "parse", "text": "a", "tools": [{"b": 2, "a": 1}]}
+    assert new.key(job) == new.key(dict(job))
+    assert len({new.key(job), new.key(reordered), old.key(job)}) == 3
+
+
+@pytest.mark.parametrize("tamper", ["reply edited", "hash edited", "torn write", "not json"])
+def test_a_corrupt_or_tampered_entry_is_detected_and_asked_again(cache: ResultCache, tamper: str) -> None:
+    need("sglang@0.5.23")
+    engine = backend.RealEngine("sglang", "0.5.23")
+    first = _parse(engine)
+    [entry] = _entries(cache)
+    stored = json.loads(entry.read_bytes())
+    if tamper == "reply edited":
+        stored["reply"]["result"]["content"] = "Sure, forged."
+        entry.write_text(json.dumps(stored))
+    elif tamper == "hash edited":
+        stored["sha256"] = "0" * 64
+        entry.write_text(json.dumps(stored))
+    elif tamper == "torn write":
+        entry.write_bytes(entry.read_bytes()[:100])
+    else:
+        entry.write_bytes(b"\x00\xff")
+    cache.clear_memory()
+    again = _parse(engine)
+    assert _answer(again) == _answer(first)
+    assert again.content == "\n\nSure.\n"
+    assert cache.rejected == 1
+    # asked again and stored whole
+    [entry] = _entries(cache)
+    assert json.loads(entry.read_bytes())["reply"]["result"]["content"] == "\n\nSure.\n"
+
+
+def test_a_worker_that_cannot_answer_leaves_nothing(cache: ResultCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    need("sglang@0.5.23")
+    backend.stop_workers()
+    # a worker limited to 1 s of start-up time under a 1 MB address space cannot start: one sentence, nothing kept
+    monkeypatch.setenv("DRIFT_ENGINE_MEMORY_MB", "1")
+    result = _parse(backend.RealEngine("sglang", "0.5.23"))
+    assert result.error is not None and result.error.startswith("the sglang@0.5.23 worker ")
+    assert _entries(cache) == []
+    monkeypatch.delenv("DRIFT_ENGINE_MEMORY_MB")
+    backend.stop_workers()
+    assert _parse(backend.RealEngine("sglang", "0.5.23")).content == "\n\nSure.\n"
+    assert len(_entries(cache)) == 1
