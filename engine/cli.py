@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.errors import ExplorerError
 from engine.provenance import spans
@@ -38,17 +38,37 @@ def parse_kwargs(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def checked_kwargs(kwargs: dict[str, Any], spec: Any, option: str = "--kwargs") -> dict[str, Any]:
+    """`kwargs` for the model `spec`: a kwarg the model declares takes its default's type (`true`/`false` for a
+    switch); one sentence otherwise. Kwargs the model does not declare pass through, as in the matrix."""
+    declared = {k.name: k.default for k in spec.template_kwargs}
+    for name, value in kwargs.items():
+        default = declared.get(name)
+        if default is not None and type(value) is not type(default):
+            hint = " (true or false)" if isinstance(default, bool) else ""
+            raise ExplorerError(f"{option} {name} must be {type(default).__name__}{hint} for {spec.id}, got "
+                                f"{json.dumps(value)[:40]}")
+    return kwargs
+
+
 def visible(text: str) -> str:
     """Whitespace made visible: newline as ↵ (and a real line break), tab as →, space as ·."""
     return text.replace(" ", "·").replace("\t", "→").replace("\n", "↵\n")
 
 
 def _write_json(data: Any, target: str) -> None:
-    text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=False) + "\n"
+    _write_text(json.dumps(data, ensure_ascii=False, indent=2, sort_keys=False) + "\n", target)
+
+
+def _write_text(text: str, target: str) -> None:
+    """`text` to stdout (`-`) or the file `target`; one sentence when the file cannot be written."""
     if target == "-":
         sys.stdout.write(text)
-    else:
+        return
+    try:
         Path(target).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise ExplorerError(f"cannot write {target}: {err.strerror or err}") from None
 
 
 def read_json_input(path: str, what: str) -> Any:
@@ -83,7 +103,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, renderer=args.renderer)
     messages, tools = read_messages(args.messages)
-    kwargs = {**model.spec.default_kwargs(), **parse_kwargs(args.kwargs)}
+    kwargs = {**model.spec.default_kwargs(), **checked_kwargs(parse_kwargs(args.kwargs), model.spec)}
     rendered = model.renderer.render(messages, tools, add_generation_prompt=not args.no_generation_prompt,
                                      kwargs=kwargs)
     tokens = model.tokenizer.encode(rendered.text) if model.tokenizer else None
@@ -138,7 +158,7 @@ def cmd_session(args: argparse.Namespace) -> int:
     engine = known_engine(args.engine) if args.engine else None
     model = load_model(args.model)
     script = load_session(args.script)
-    kwargs = parse_kwargs(args.kwargs)
+    kwargs = checked_kwargs(parse_kwargs(args.kwargs), model.spec)
     settings = SessionSettings(kwargs, args.block_size, args.checkpoint_policy, engine)
     if args.what_if:
         result = run_what_if(args.what_if, model, script, settings)
@@ -222,8 +242,14 @@ def _print_what_if(result, target: str | None) -> int:
     return 0
 
 
-def _split(value: str | None) -> list[str] | None:
-    return [v for v in value.split(",") if v] if value else None
+def _split(value: str | None, option: str = "") -> list[str] | None:
+    """A comma-separated option's names (None when not given); an option given with no name in it is one sentence."""
+    if value is None:
+        return None
+    names = [v for v in value.split(",") if v]
+    if not names and option:
+        raise ExplorerError(f"{option} names nothing, got {value!r}")
+    return names or None
 
 
 def parse_model_kwargs(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -239,34 +265,43 @@ def parse_model_kwargs(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     from engine.evidence import evidence_html, matrix_evidence, matrix_markdown
     from engine.matrix import MatrixRequest, default_request, matrix_json, run_matrix
-    from engine.models import load_spec
-    from engine.scenario import load_scenario
 
     default = default_request()
     request = MatrixRequest(
-        models=tuple(_split(args.models) or default.models),
-        scenarios=tuple(_split(args.scenarios) or default.scenarios),
-        engines=tuple(_split(args.engines) or default.engines),
+        models=tuple(_split(args.models, "--models") or default.models),
+        scenarios=tuple(_split(args.scenarios, "--scenarios") or default.scenarios),
+        engines=tuple(_split(args.engines, "--engines") or default.engines),
         kwargs=parse_model_kwargs(args.kwargs),
     )
-    for model_id in request.models:
-        load_spec(model_id)
-    for scenario_id in request.scenarios:
-        load_scenario(scenario_id)
-    request = dataclasses.replace(request, engines=tuple(known_engine(engine) for engine in request.engines))
+    request = _check_request(request)
     cells = run_matrix(request)
     data = matrix_json(cells)
     if args.json:
         _write_json(data, args.json)
     if args.markdown:
-        Path(args.markdown).write_text(matrix_markdown(cells), encoding="utf-8")
+        _write_text(matrix_markdown(cells), args.markdown)
     if args.evidence:
         _write_json(matrix_evidence(cells), args.evidence)
     if args.html:
-        Path(args.html).write_text(evidence_html(cells), encoding="utf-8")
+        _write_text(evidence_html(cells), args.html)
     if "-" not in (args.json, args.evidence):
         print(matrix_markdown(cells))
     return 0
+
+
+def _check_request(request: Any) -> Any:
+    """Every model, scenario and engine a matrix request names, and its kwargs, known (one sentence otherwise); the
+    request with its engines parsed."""
+    from engine.models import load_spec
+    from engine.scenario import load_scenario
+
+    for model_id in request.models:
+        load_spec(model_id)
+    for scenario_id in request.scenarios:
+        load_scenario(scenario_id)
+    for model_id, kwargs in request.kwargs.items():
+        checked_kwargs(kwargs, load_spec(model_id), f"--kwargs {model_id}:")
+    return dataclasses.replace(request, engines=tuple(known_engine(engine) for engine in request.engines))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -275,11 +310,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from engine.scenario import load_scenario
     from engine.simulate import run_cell
 
-    model = load_model(args.model)
-    load_scenario(args.scenario)
-    cell = run_cell(args.model, args.scenario, known_engine(args.engine), parse_kwargs(args.kwargs))
     if not (args.json or args.markdown or args.html):
         raise ExplorerError("export needs at least one of --json, --markdown, --html")
+    if args.context < 0:
+        raise ExplorerError(f"export: --context must be 0 or more, got {args.context}")
+    model = load_model(args.model)
+    load_scenario(args.scenario)
+    cell = run_cell(args.model, args.scenario, known_engine(args.engine),
+                    checked_kwargs(parse_kwargs(args.kwargs), model.spec))
     if args.json:
         _write_json(cell_evidence(cell, model, args.context), args.json)
     if args.markdown:
@@ -287,13 +325,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.html:
         _write_text(evidence_html([cell], {cell.model: model}, args.context), args.html)
     return 0
-
-
-def _write_text(text: str, target: str) -> None:
-    if target == "-":
-        sys.stdout.write(text)
-    else:
-        Path(target).write_text(text, encoding="utf-8")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -347,19 +378,23 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
-    from engine.serving.registry import for_parsers, get_engine, parse_engine
+    from engine.serving.registry import for_parsers, get_engine
 
-    emulation = get_engine(parse_engine(args.engine))
+    emulation = get_engine(known_engine(args.engine))  # an engine that is not one: exit 2, one sentence
     spec = load_spec(args.model)
     names = emulation.parser_override or spec.engine_parsers.get(emulation.name, {})
     reasoning_parser = args.reasoning_parser or names.get("reasoning_parser")
     tool_parser = args.tool_call_parser or names.get("tool_call_parser")
     emulation = for_parsers(emulation, reasoning_parser, tool_parser)  # an unemulated pair: the release's real code
-    try:
-        text = Path(args.text).read_bytes().decode("utf-8", errors="replace")
-        tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ExplorerError(f"cannot read parse input: {err}") from err
+    from engine.uploads import UploadLimits, read_path
+
+    limits = UploadLimits.from_env()
+    # under the text cap: /dev/zero or a huge file is one sentence, not a read that never ends
+    text = read_path(args.text, "a model output file", limits.max_text_bytes,
+                     limits.cap_setting("tokenizer_config")).decode("utf-8", errors="replace")
+    tools = read_json_input(args.tools, "a tools JSON file") if args.tools else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ExplorerError(f"{args.tools}: tools must be a JSON list of objects")
     try:
         tokenizer = None
         if emulation.is_real_release:  # the real-engine backend: the model's added tokens reach the parsers
@@ -407,13 +442,17 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import report_text, run_bench
     from engine.matrix import MatrixRequest, default_request
+    from engine.models import load_spec
 
     if args.repeat < 1:
         raise ExplorerError(f"bench: --repeat must be at least 1, got {args.repeat}")
     default = default_request()
-    request = MatrixRequest(models=tuple(_split(args.models) or default.models),
-                            scenarios=tuple(_split(args.scenarios) or default.scenarios),
-                            engines=tuple(_split(args.engines) or default.engines), kwargs={})
+    request = MatrixRequest(models=tuple(_split(args.models, "--models") or default.models),
+                            scenarios=tuple(_split(args.scenarios, "--scenarios") or default.scenarios),
+                            engines=tuple(_split(args.engines, "--engines") or default.engines), kwargs={})
+    _check_request(request)  # before the cold start is measured, not after it
+    for model_id in _split(args.long_session_models, "--long-session-models") or ():
+        load_spec(model_id)
     calls_given = [] if args.long_session_calls == "none" else _split(args.long_session_calls) or []
     if not all(n.isdigit() and int(n) > 0 for n in calls_given):
         raise ExplorerError(f"bench: --long-session-calls must be positive whole numbers or none, got "
@@ -462,21 +501,37 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from engine.models import load_model
     from engine.traces.report import analyse_trace, report_text
 
+    if args.block_size < 1:
+        raise ExplorerError(f"trace: --block-size must be at least 1, got {args.block_size}")
+    if args.engine:
+        known_engine(args.engine)  # before the file is read: a replay engine that is not one is one sentence
     model = load_model(args.model) if args.model else None
     report = analyse_trace(args.file, model, engine=args.engine, trace_format=args.format,
-                           block_size=args.block_size, hints=not args.no_hints)
+                           block_size=args.block_size, hints=not args.no_hints, skip_bad_records=True)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
         print(report_text(report))
+    if report.skipped_sentence:
+        # As grep does with a file it cannot read: the rest is reported, and the exit status says the input was bad.
+        sys.stdout.flush()
+        print(f"error: {_one_line(report.skipped_sentence)}", file=sys.stderr)
+        return 2
     return 0
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse whose refusal is one line, `error: ...`, and exit status 2 (its own prints usage, then the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     # `drift-matrix` (the installed command) or `python -m engine`: the same CLI, named as it was started.
     started_as = Path(sys.argv[0]).name
     prog = "python -m engine" if started_as in ("__main__.py", "-m", "") else started_as
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = _ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     render = sub.add_parser("render", help="render a conversation with a model's real template, with provenance")
@@ -620,12 +675,25 @@ def main(argv: list[str] | None = None) -> int:
     except ExplorerError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as a shell tool does
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, the status a shell reports for it
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as err:  # noqa: BLE001 - a bug (or a library's panic): one sentence, not a traceback
         print(f"error: {args.command} stopped with an internal error ({type(err).__name__}: "
               f"{_one_line(str(err))}); please report it", file=sys.stderr)
         return 3
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not raise BrokenPipeError again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's captured stdout)
+        pass
 
 
 def _one_line(text: str, size: int = 2000) -> str:

@@ -673,7 +673,7 @@ def simulate_session(
         raise ExplorerError("history 'append' keeps every earlier request's text, so it cannot take rewrites")
     _check_rewrites(script, rewrites)
     if engine is not None and history != "template":
-        raise ExplorerError(f"engine {engine!r} re-renders every request from the parsed messages, so it cannot "
+        raise ExplorerError(f"engine {str(engine)!r} re-renders every request from the parsed messages, so it cannot "
                             f"keep the history {history!r}; use history 'template' with an engine")
     spec = _session_engine(engine) if engine is not None else None
     if spec is not None and spec.is_serving_engine:

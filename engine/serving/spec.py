@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from engine.errors import EngineSpecError, UnknownEngineKind
+from engine.serving.real.fetch import release_name_problem
 
 EngineKind = Literal["vllm", "sglang", "raw", "bridge", "renderers"]
 KINDS: tuple[EngineKind, ...] = get_args(EngineKind)
@@ -94,7 +95,12 @@ class EngineSpec:
         rest, real_code = (text[len("real:"):], True) if text.startswith("real:") else (text, False)
         release, slash, pair_text = rest.partition("/")
         kind, at, version = release.partition("@")
-        if at and not _VERSION.fullmatch(version):  # first: a version may end up in a path or a URL
+        # First: a version may end up in a path or a URL. A vLLM or SGLang release by the rule the fetch layer
+        # applies before it touches the cache or PyPI (one rule, one sentence); any other version by its shape.
+        problem = release_name_problem(kind, version) if at and kind in SERVING_KINDS else None
+        if problem is not None:
+            raise EngineSpecError(problem)
+        if at and not _VERSION.fullmatch(version):
             raise EngineSpecError(f"engine {_shown(text)}: {_shown(version)} is not a release version (digits and "
                                   "dots, such as 0.16.0 or 0.5.0rc1)")
         if kind not in KINDS:

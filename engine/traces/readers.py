@@ -15,24 +15,46 @@
 - `swe-agent`: a SWE-agent 1.x .traj (DefaultAgent.get_trajectory_data: trajectory, history, info).
 
 docs/traces.md has the table. Line formats are read line by line, keeping only the requests
-still waiting for their output, so a log of any size streams. The trajectory formats are one JSON document per
-trajectory (the packages write them with json.dumps), read whole. Every refusal is one sentence: the file, the line
-or record, what is wrong.
+still waiting for their output, so a log of any size streams (a line may hold up to MAX_LINE_BYTES). The trajectory
+formats are one JSON document per trajectory (the packages write them with json.dumps), read whole (up to
+MAX_DOCUMENT_BYTES). Every refusal is one sentence: the file, the line or record, what is wrong.
+
+A bad record (a line that is not UTF-8, holds a NUL byte, is nested too deeply, is too long or does not parse as its
+format's record) either stops the read (`read_trace` without `skipped`: the first one is raised) or is skipped and
+its sentence appended to `skipped`, keeping the rest. What is kept then: in a log or JSONL file every other line; in a
+verifiers rollout the steps before the bad one (the rollout's later steps follow from it); in a trajectory document
+the requests before the bad step (every later prompt holds it). A file that is not text in one encoding as a whole
+(a trajectory document with a bad byte, UTF-16 that does not decode) is refused. UTF-8 with or without a byte-order
+mark is read, and UTF-16 / UTF-32 with one.
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
+import io
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from engine.traces.records import TraceFormatError, TraceRequest
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A log or JSONL line longer than this is skipped unread (a vLLM log line with a 128k-token prompt is a few MB).
+MAX_LINE_BYTES = 64 << 20
+# A trajectory document is parsed whole: one larger than this is refused before it is read.
+MAX_DOCUMENT_BYTES = 256 << 20
+TOO_DEEP = "nested too deeply to read (over Python's recursion limit)"
+
+# What a reader does with a bad record: raise it (the strict default) or note it and go on (read_trace's `skipped`).
+Skip = Callable[[TraceFormatError], None]
+
+
+def _raise(err: TraceFormatError) -> None:
+    raise err
 
 
 @dataclass(frozen=True)
@@ -40,11 +62,12 @@ class TraceFormat:
     name: str
     title: str
     detect: Callable[[str, Any], bool]  # (first non-empty line, the first JSON value or None) -> is it this format
-    read: Callable[[str, Iterable[str]], Iterator[TraceRequest]]  # (file name, lines) -> requests
+    read: Callable[[str, Iterable[str], Skip], Iterator[TraceRequest]]  # (file name, lines, skip) -> requests
+    streamed: bool  # read line by line (a bad line is one record); else one JSON document read whole
 
 
 def _fail(name: str, where: str, problem: str) -> TraceFormatError:
-    return TraceFormatError(f"{name}: {where}: {problem}")
+    return TraceFormatError(f"{name}: {where}: {problem}", where=where)
 
 
 def _int_list(value: Any) -> bool:
@@ -64,6 +87,8 @@ def _json_line(name: str, line_no: int, text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise _fail(name, f"line {line_no}", f"not valid JSON ({err.msg}, column {err.colno})") from None
+    except RecursionError:
+        raise _fail(name, f"line {line_no}", TOO_DEEP) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,11 +119,11 @@ def _detect_vllm(first: str, _: Any) -> bool:
 def _python_literal(name: str, where: str, text: str, what: str) -> Any:
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         raise _fail(name, where, f"{what} is not a Python string literal as vLLM's %r writes it") from None
 
 
-def _read_vllm(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_vllm(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     bodies: dict[str, dict] = {}  # JSON bodies logged before their request's details, by request id
     pending: dict[str, dict[str, Any]] = {}  # requests whose output has not been logged yet
     seen_records = False
@@ -106,58 +131,66 @@ def _read_vllm(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
         header = _vllm_line(line)
         if header is None or not header["file"].endswith("request_logger.py"):
             continue
-        message, where = header["message"], f"line {line_no}"
-        if message.startswith("Received request "):
-            seen_records = True
-            continue
-        if (match := _VLLM_BODY.match(message)) is not None:
-            seen_records = True
-            try:
-                body = json.loads(match["body"])
-            except json.JSONDecodeError as err:
-                raise _fail(name, where, f"the JSON body of request {match['id']} is not valid JSON ({err.msg}, "
-                            f"column {err.colno}); was it cut by --max-log-len?") from None
-            bodies[match["id"]] = body if isinstance(body, dict) else {}
-            continue
-        if (match := _VLLM_DETAILS.match(message)) is not None:
-            seen_records = True
-            request_id = match["id"]
-            if match["ids"] == "None":
-                raise _fail(name, where, f"request {request_id} was logged without prompt_token_ids")
-            prompt = _python_literal(name, where, match["prompt"], f"the prompt of request {request_id}")
-            base = request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
-            pending[request_id] = {"line": line_no, "prompt_ids": tuple(json.loads(match["ids"])),
-                                   "prompt": prompt if isinstance(prompt, str) else None,
-                                   "body": bodies.pop(base, None) or bodies.pop(request_id, None)}
-            continue
-        if (match := _VLLM_OUT_IDS.match(message)) is not None:
-            seen_records = True
-            if "delta" in (match["stream"] or ""):
-                continue
-            entry = pending.get(match["id"])
-            if entry is None:
-                continue  # its request was logged before this file starts (a rotated log)
-            if match["ids"] == "None":
-                raise _fail(name, where, f"the output of request {match['id']} was logged without output_token_ids")
-            entry["completion_ids"] = tuple(json.loads(match["ids"]))
-            continue
-        if (match := _VLLM_OUT_TEXT.match(message)) is not None:
-            seen_records = True
-            if "delta" in (match["stream"] or ""):
-                continue
-            entry = pending.pop(match["id"], None)
-            if entry is None:
-                continue
-            output = _python_literal(name, where, match["output"], f"the output of request {match['id']}")
-            yield _vllm_request(match["id"], entry, output if isinstance(output, str) else None, match["finish"])
-            continue
-        if message.startswith(("Request ", "Generated response ")):
-            raise _fail(name, where, f"a vLLM request-logger record that does not parse: {message[:80]!r}")
+        seen_records = seen_records or header["message"].startswith(("Received request ", "Request ",
+                                                                       "Generated response "))
+        try:
+            yield from _vllm_record(name, line_no, header["message"], bodies, pending)
+        except TraceFormatError as err:
+            skip(err)
     for request_id, entry in pending.items():
         if "completion_ids" in entry:  # an output logged with ids, whose text line is missing (an empty reply)
             yield _vllm_request(request_id, entry, None, None)
     if not seen_records:
         raise TraceFormatError(f"{name} has no vLLM request-logger records{_VLLM_DEBUG_HINT}")
+
+
+def _vllm_record(name: str, line_no: int, message: str, bodies: dict[str, dict],
+                 pending: dict[str, dict[str, Any]]) -> Iterator[TraceRequest]:
+    """One request-logger line: kept in `bodies` / `pending` until its request's output, which yields it."""
+    where = f"line {line_no}"
+    if message.startswith("Received request "):
+        return
+    if (match := _VLLM_BODY.match(message)) is not None:
+        try:
+            body = json.loads(match["body"])
+        except json.JSONDecodeError as err:
+            raise _fail(name, where, f"the JSON body of request {match['id']} is not valid JSON ({err.msg}, "
+                        f"column {err.colno}); was it cut by --max-log-len?") from None
+        except RecursionError:
+            raise _fail(name, where, f"the JSON body of request {match['id']} is {TOO_DEEP}") from None
+        bodies[match["id"]] = body if isinstance(body, dict) else {}
+        return
+    if (match := _VLLM_DETAILS.match(message)) is not None:
+        request_id = match["id"]
+        if match["ids"] == "None":
+            raise _fail(name, where, f"request {request_id} was logged without prompt_token_ids")
+        prompt = _python_literal(name, where, match["prompt"], f"the prompt of request {request_id}")
+        base = request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
+        pending[request_id] = {"line": line_no, "prompt_ids": tuple(json.loads(match["ids"])),
+                               "prompt": prompt if isinstance(prompt, str) else None,
+                               "body": bodies.pop(base, None) or bodies.pop(request_id, None)}
+        return
+    if (match := _VLLM_OUT_IDS.match(message)) is not None:
+        if "delta" in (match["stream"] or ""):
+            return
+        entry = pending.get(match["id"])
+        if entry is None:
+            return  # its request was logged before this file starts (a rotated log)
+        if match["ids"] == "None":
+            raise _fail(name, where, f"the output of request {match['id']} was logged without output_token_ids")
+        entry["completion_ids"] = tuple(json.loads(match["ids"]))
+        return
+    if (match := _VLLM_OUT_TEXT.match(message)) is not None:
+        if "delta" in (match["stream"] or ""):
+            return
+        entry = pending.pop(match["id"], None)
+        if entry is None:
+            return
+        output = _python_literal(name, where, match["output"], f"the output of request {match['id']}")
+        yield _vllm_request(match["id"], entry, output if isinstance(output, str) else None, match["finish"])
+        return
+    if message.startswith(("Request ", "Generated response ")):
+        raise _fail(name, where, f"a vLLM request-logger record that does not parse: {message[:80]!r}")
 
 
 def _vllm_request(request_id: str, entry: dict[str, Any], output: str | None, finish: str | None) -> TraceRequest:
@@ -175,6 +208,7 @@ def _vllm_request(request_id: str, entry: dict[str, Any], output: str | None, fi
 
 
 _SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (?P<json>\{.*\})\s*$")
+_SGLANG_CUT = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] \{.*\"event\": \"request\.")  # a record without its end
 _SGLANG_EVENTS = ("request.received", "request.received.openai", "request.finished")
 _SGLANG_HINT = "; SGLang logs whole id lists only at --log-requests-level 3"
 
@@ -184,56 +218,68 @@ def _detect_sglang(first: str, _: Any) -> bool:
     return bool(match) and '"event": "request.' in match["json"]
 
 
-def _read_sglang(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_sglang(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     openai_bodies: dict[str, dict] = {}  # the OpenAI request as received, by the rid the client gave
     received: dict[str, int] = {}  # rid -> the line its request.received record is on
     seen = False
     for line_no, line in enumerate(lines, 1):
         match = _SGLANG_LINE.match(line)
         if match is None:
+            if _SGLANG_CUT.match(line):
+                seen = True
+                skip(_fail(name, f"line {line_no}", "a request-logger record cut short (it does not end with })"))
             continue
-        where = f"line {line_no}"
-        record = _json_line(name, line_no, match["json"])
-        event = record.get("event") if isinstance(record, dict) else None
-        if event not in _SGLANG_EVENTS:
-            continue
-        seen = True
-        obj = record.get("obj")
-        if not isinstance(obj, dict):
-            raise _fail(name, where, f"the {event} record has no obj")
-        if event == "request.received.openai":
-            if isinstance(obj.get("rid"), str):
-                openai_bodies[obj["rid"]] = obj
-            continue
-        if event == "request.received":
-            if isinstance(record.get("rid"), str):
-                received[record["rid"]] = line_no
-            continue
-        rid = record.get("rid")
-        out = record.get("out")
-        if not isinstance(rid, str) or not isinstance(out, dict):
-            raise _fail(name, where, "the request.finished record lacks rid or out")
-        if "input_ids" not in obj or "output_ids" not in out:
-            raise _fail(name, where, f"request {rid} was logged without input_ids / output_ids{_SGLANG_HINT}")
-        prompt_ids = _ids(obj["input_ids"], name, where, f"obj.input_ids of request {rid}", _SGLANG_HINT)
-        completion_ids = _ids(out["output_ids"], name, where, f"out.output_ids of request {rid}", _SGLANG_HINT)
-        meta = out.get("meta_info") if isinstance(out.get("meta_info"), dict) else {}
-        body = openai_bodies.pop(rid, {})
-        finish = meta.get("finish_reason")
-        yield TraceRequest(
-            format="sglang-log", request_id=rid, where=where, order=received.pop(rid, line_no),
-            session=next((obj[k] for k in ("session_id", "conversation_id") if isinstance(obj.get(k), str)), None),
-            prompt_ids=prompt_ids, completion_ids=completion_ids,
-            prompt_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
-            completion_text=out.get("text") if isinstance(out.get("text"), str) else None,
-            messages=_messages(body.get("messages")), tools=_tools(body.get("tools")), model=body.get("model"),
-            finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
-            cached_tokens=meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None,
-            chat_template_kwargs=body.get("chat_template_kwargs"),
-        )
+        seen = seen or any(f'"event": "{event}"' in match["json"] for event in _SGLANG_EVENTS)
+        try:
+            yield from _sglang_record(name, line_no, match["json"], openai_bodies, received)
+        except TraceFormatError as err:
+            skip(err)
     if not seen:
         raise TraceFormatError(f"{name} has no SGLang request.finished records (run with --log-requests "
                                "--log-requests-level 3 --log-requests-format json)")
+
+
+def _sglang_record(name: str, line_no: int, text: str, openai_bodies: dict[str, dict],
+                   received: dict[str, int]) -> Iterator[TraceRequest]:
+    """One request-logger line: the request's OpenAI body and receipt are kept until request.finished yields it."""
+    where = f"line {line_no}"
+    record = _json_line(name, line_no, text)
+    event = record.get("event") if isinstance(record, dict) else None
+    if event not in _SGLANG_EVENTS:
+        return
+    obj = record.get("obj")
+    if not isinstance(obj, dict):
+        raise _fail(name, where, f"the {event} record has no obj")
+    if event == "request.received.openai":
+        if isinstance(obj.get("rid"), str):
+            openai_bodies[obj["rid"]] = obj
+        return
+    if event == "request.received":
+        if isinstance(record.get("rid"), str):
+            received[record["rid"]] = line_no
+        return
+    rid = record.get("rid")
+    out = record.get("out")
+    if not isinstance(rid, str) or not isinstance(out, dict):
+        raise _fail(name, where, "the request.finished record lacks rid or out")
+    if "input_ids" not in obj or "output_ids" not in out:
+        raise _fail(name, where, f"request {rid} was logged without input_ids / output_ids{_SGLANG_HINT}")
+    prompt_ids = _ids(obj["input_ids"], name, where, f"obj.input_ids of request {rid}", _SGLANG_HINT)
+    completion_ids = _ids(out["output_ids"], name, where, f"out.output_ids of request {rid}", _SGLANG_HINT)
+    meta = out.get("meta_info") if isinstance(out.get("meta_info"), dict) else {}
+    body = openai_bodies.pop(rid, {})
+    finish = meta.get("finish_reason")
+    yield TraceRequest(
+        format="sglang-log", request_id=rid, where=where, order=received.pop(rid, line_no),
+        session=next((obj[k] for k in ("session_id", "conversation_id") if isinstance(obj.get(k), str)), None),
+        prompt_ids=prompt_ids, completion_ids=completion_ids,
+        prompt_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
+        completion_text=out.get("text") if isinstance(out.get("text"), str) else None,
+        messages=_messages(body.get("messages")), tools=_tools(body.get("tools")), model=body.get("model"),
+        finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+        cached_tokens=meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None,
+        chat_template_kwargs=body.get("chat_template_kwargs"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,40 +290,48 @@ def _detect_verifiers(_: str, value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("trajectory"), list) and "history" not in value
 
 
-def _read_verifiers(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_verifiers(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     any_rollout = False
     for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        rollout = _json_line(name, line_no, line)
-        if not isinstance(rollout, dict) or not isinstance(rollout.get("trajectory"), list):
-            raise _fail(name, f"line {line_no}", "a rollout without a trajectory list (save it with the "
-                        "trajectory state column)")
         any_rollout = True
-        tools = _tools(rollout.get("tool_defs"))
-        for i, step in enumerate(rollout["trajectory"]):
-            where = f"line {line_no}, trajectory[{i}]"
-            if not isinstance(step, dict):
-                raise _fail(name, where, "a trajectory step is not an object")
-            tokens = step.get("tokens")
-            prompt_ids = completion_ids = None
-            if tokens is not None:
-                if not isinstance(tokens, dict):
-                    raise _fail(name, where, "tokens is not an object")
-                prompt_ids = _ids(tokens.get("prompt_ids"), name, where, "tokens.prompt_ids")
-                completion_ids = _ids(tokens.get("completion_ids"), name, where, "tokens.completion_ids")
-            completion = step.get("completion")
-            reply = completion[0] if isinstance(completion, list) and completion and \
-                isinstance(completion[0], dict) else None
-            session = step.get("trajectory_id") or rollout.get("trajectory_id") or f"rollout on line {line_no}"
-            yield TraceRequest(
-                format="verifiers", request_id=f"{session}#{i}", where=where, session=str(session),
-                prompt_ids=prompt_ids, completion_ids=completion_ids,
-                messages=_messages(step.get("prompt")), tools=tools, response_message=reply,
-                finish_reason=None,
-            )
+        try:
+            yield from _verifiers_rollout(name, line_no, line)
+        except TraceFormatError as err:
+            skip(err)  # the rollout's steps before the bad one are kept: its later prompts follow from it
     if not any_rollout:
         raise TraceFormatError(f"{name} holds no verifiers rollout")
+
+
+def _verifiers_rollout(name: str, line_no: int, line: str) -> Iterator[TraceRequest]:
+    """One results.jsonl line: a rollout, one request per trajectory step."""
+    rollout = _json_line(name, line_no, line)
+    if not isinstance(rollout, dict) or not isinstance(rollout.get("trajectory"), list):
+        raise _fail(name, f"line {line_no}", "a rollout without a trajectory list (save it with the "
+                    "trajectory state column)")
+    tools = _tools(rollout.get("tool_defs"))
+    for i, step in enumerate(rollout["trajectory"]):
+        where = f"line {line_no}, trajectory[{i}]"
+        if not isinstance(step, dict):
+            raise _fail(name, where, "a trajectory step is not an object")
+        tokens = step.get("tokens")
+        prompt_ids = completion_ids = None
+        if tokens is not None:
+            if not isinstance(tokens, dict):
+                raise _fail(name, where, "tokens is not an object")
+            prompt_ids = _ids(tokens.get("prompt_ids"), name, where, "tokens.prompt_ids")
+            completion_ids = _ids(tokens.get("completion_ids"), name, where, "tokens.completion_ids")
+        completion = step.get("completion")
+        reply = completion[0] if isinstance(completion, list) and completion and \
+            isinstance(completion[0], dict) else None
+        session = step.get("trajectory_id") or rollout.get("trajectory_id") or f"rollout on line {line_no}"
+        yield TraceRequest(
+            format="verifiers", request_id=f"{session}#{i}", where=where, session=str(session),
+            prompt_ids=prompt_ids, completion_ids=completion_ids,
+            messages=_messages(step.get("prompt")), tools=tools, response_message=reply,
+            finish_reason=None,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,7 +342,7 @@ def _detect_atif(_: str, value: Any) -> bool:
     return isinstance(value, dict) and str(value.get("schema_version", "")).startswith("ATIF-v")
 
 
-def _read_atif(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_atif(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     document = _whole_json(name, lines)
     version = str(document.get("schema_version", ""))
     steps = document.get("steps")
@@ -298,50 +352,54 @@ def _read_atif(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
     tools = _tools(agent.get("tool_definitions"))
     session = document.get("session_id") or document.get("trajectory_id") or Path(name).stem
     messages: list[dict] = []
-    for i, step in enumerate(steps):
-        where = f"steps[{i}]"
-        if not isinstance(step, dict) or step.get("source") not in ("system", "user", "agent"):
-            raise _fail(name, where, "a step needs source system, user or agent")
-        if step.get("step_id") != i + 1:
-            raise _fail(name, where, f"step_id={step.get('step_id')!r} is not sequential; expected {i + 1}")
-        text = _text(step.get("message"))
-        if step["source"] != "agent":
-            messages.append({"role": step["source"], "content": text})
-            continue
-        metrics = step.get("metrics") if isinstance(step.get("metrics"), dict) else {}
-        prompt_ids = completion_ids = None
-        if metrics.get("prompt_token_ids") is not None or metrics.get("completion_token_ids") is not None:
-            prompt_ids = _ids(metrics.get("prompt_token_ids"), name, where, "metrics.prompt_token_ids",
-                              f" ({version}; prompt_token_ids are v1.4+)")
-            completion_ids = _ids(metrics.get("completion_token_ids"), name, where, "metrics.completion_token_ids")
-        reply: dict[str, Any] = {"role": "assistant", "content": text}
-        if step.get("reasoning_content") is not None:
-            reply["reasoning_content"] = step["reasoning_content"]
-        calls = step.get("tool_calls") or []
-        if calls:
-            try:
-                reply["tool_calls"] = [{"id": c["tool_call_id"], "type": "function",
-                                        "function": {"name": c["function_name"],
-                                                     "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                                       for c in calls]
-            except (KeyError, TypeError):
-                raise _fail(name, where, "a tool call needs tool_call_id, function_name and arguments") from None
-        if step.get("llm_call_count") != 0:
-            cached = metrics.get("cached_tokens")
-            yield TraceRequest(
-                format="atif", request_id=f"{session}#{step['step_id']}", where=where, session=str(session),
-                prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(messages), tools=tools,
-                response_message=reply, model=step.get("model_name") or agent.get("model_name"),
-                cached_tokens=cached if isinstance(cached, int) else None,
-            )
-        messages.append(reply)
-        observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
-        for result in observation.get("results") or []:
-            if isinstance(result, dict):
-                tool = {"role": "tool", "content": _text(result.get("content"))}
-                if result.get("source_call_id"):
-                    tool["tool_call_id"] = result["source_call_id"]
-                messages.append(tool)
+    try:
+        for i, step in enumerate(steps):
+            where = f"steps[{i}]"
+            if not isinstance(step, dict) or step.get("source") not in ("system", "user", "agent"):
+                raise _fail(name, where, "a step needs source system, user or agent")
+            if step.get("step_id") != i + 1:
+                raise _fail(name, where, f"step_id={step.get('step_id')!r} is not sequential; expected {i + 1}")
+            text = _text(step.get("message"))
+            if step["source"] != "agent":
+                messages.append({"role": step["source"], "content": text})
+                continue
+            metrics = step.get("metrics") if isinstance(step.get("metrics"), dict) else {}
+            prompt_ids = completion_ids = None
+            if metrics.get("prompt_token_ids") is not None or metrics.get("completion_token_ids") is not None:
+                prompt_ids = _ids(metrics.get("prompt_token_ids"), name, where, "metrics.prompt_token_ids",
+                                  f" ({version}; prompt_token_ids are v1.4+)")
+                completion_ids = _ids(metrics.get("completion_token_ids"), name, where, "metrics.completion_token_ids")
+            reply: dict[str, Any] = {"role": "assistant", "content": text}
+            if step.get("reasoning_content") is not None:
+                reply["reasoning_content"] = step["reasoning_content"]
+            calls = step.get("tool_calls") or []
+            if calls:
+                try:
+                    reply["tool_calls"] = [{"id": c["tool_call_id"], "type": "function",
+                                            "function": {"name": c["function_name"],
+                                                         "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                                           for c in calls]
+                except (KeyError, TypeError):
+                    raise _fail(name, where, "a tool call needs tool_call_id, function_name and arguments") from None
+            if step.get("llm_call_count") != 0:
+                cached = metrics.get("cached_tokens")
+                yield TraceRequest(
+                    format="atif", request_id=f"{session}#{step['step_id']}", where=where, session=str(session),
+                    prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(messages), tools=tools,
+                    response_message=reply, model=step.get("model_name") or agent.get("model_name"),
+                    cached_tokens=cached if isinstance(cached, int) else None,
+                )
+            messages.append(reply)
+            observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
+            for result in observation.get("results") or []:
+                if isinstance(result, dict):
+                    tool = {"role": "tool", "content": _text(result.get("content"))}
+                    if result.get("source_call_id"):
+                        tool["tool_call_id"] = result["source_call_id"]
+                    messages.append(tool)
+    except TraceFormatError as err:
+        skip(err)  # the requests before the bad record are kept: every later prompt holds it
+
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -352,43 +410,51 @@ def _detect_openai(_: str, value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("request"), dict) and "response" in value
 
 
-def _read_openai(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_openai(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     count = 0
     for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        record = _json_line(name, line_no, line)
-        where = f"line {line_no}"
-        if not isinstance(record, dict) or not isinstance(record.get("request"), dict) or \
-                not isinstance(record.get("response"), dict):
-            raise _fail(name, where, "each line needs a request object and a response object")
-        request, response = record["request"], record["response"]
-        if not isinstance(request.get("messages"), list):
-            raise _fail(name, where, "request.messages is not a list")
-        choices = response.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise _fail(name, where, "response.choices is empty or not a list")
-        choice = choices[0]
-        prompt_ids = completion_ids = None
-        if response.get("prompt_token_ids") is not None:
-            prompt_ids = _ids(response["prompt_token_ids"], name, where, "response.prompt_token_ids")
-            completion_ids = _ids(choice.get("token_ids"), name, where, "response.choices[0].token_ids")
-        metadata = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
-        session = record.get("session_id") or metadata.get("session_id") or request.get("user")
-        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-        details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
         count += 1
-        yield TraceRequest(
-            format="openai-jsonl", request_id=str(response.get("id") or f"line {line_no}"), where=where,
-            session=str(session) if session else None, prompt_ids=prompt_ids, completion_ids=completion_ids,
-            messages=_messages(request["messages"]), tools=_tools(request.get("tools")),
-            response_message=choice.get("message") if isinstance(choice.get("message"), dict) else None,
-            model=request.get("model"), finish_reason=choice.get("finish_reason"),
-            cached_tokens=details.get("cached_tokens") if isinstance(details.get("cached_tokens"), int) else None,
-            chat_template_kwargs=request.get("chat_template_kwargs"),
-        )
+        try:
+            yield _openai_record(name, line_no, line)
+        except TraceFormatError as err:
+            skip(err)
     if not count:
         raise TraceFormatError(f"{name} holds no request/response line")
+
+
+def _openai_record(name: str, line_no: int, line: str) -> TraceRequest:
+    """One JSONL line: a request and its response."""
+    record = _json_line(name, line_no, line)
+    where = f"line {line_no}"
+    if not isinstance(record, dict) or not isinstance(record.get("request"), dict) or \
+            not isinstance(record.get("response"), dict):
+        raise _fail(name, where, "each line needs a request object and a response object")
+    request, response = record["request"], record["response"]
+    if not isinstance(request.get("messages"), list):
+        raise _fail(name, where, "request.messages is not a list")
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _fail(name, where, "response.choices is empty or not a list")
+    choice = choices[0]
+    prompt_ids = completion_ids = None
+    if response.get("prompt_token_ids") is not None:
+        prompt_ids = _ids(response["prompt_token_ids"], name, where, "response.prompt_token_ids")
+        completion_ids = _ids(choice.get("token_ids"), name, where, "response.choices[0].token_ids")
+    metadata = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
+    session = record.get("session_id") or metadata.get("session_id") or request.get("user")
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    return TraceRequest(
+        format="openai-jsonl", request_id=str(response.get("id") or f"line {line_no}"), where=where,
+        session=str(session) if session else None, prompt_ids=prompt_ids, completion_ids=completion_ids,
+        messages=_messages(request["messages"]), tools=_tools(request.get("tools")),
+        response_message=choice.get("message") if isinstance(choice.get("message"), dict) else None,
+        model=request.get("model"), finish_reason=choice.get("finish_reason"),
+        cached_tokens=details.get("cached_tokens") if isinstance(details.get("cached_tokens"), int) else None,
+        chat_template_kwargs=request.get("chat_template_kwargs"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -403,7 +469,7 @@ def _detect_swe(_: str, value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("history"), list) and "trajectory" in value
 
 
-def _read_mini(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+def _read_mini(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     document = _whole_json(name, lines)
     messages = document.get("messages")
     if not isinstance(messages, list):
@@ -411,51 +477,59 @@ def _read_mini(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
     info = document.get("info") if isinstance(document.get("info"), dict) else {}
     session = str(info.get("instance_id") or Path(name).stem)
     sent: list[dict] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _fail(name, where, "a message needs a role")
-        if message["role"] == "exit":
-            continue
-        clean = {k: v for k, v in message.items() if k != "extra" and v is not None}
-        if message["role"] == "assistant":
-            response = (message.get("extra") or {}).get("response") if isinstance(message.get("extra"), dict) \
-                else None
-            prompt_ids = completion_ids = None
-            if isinstance(response, dict) and response.get("prompt_token_ids") is not None:
-                prompt_ids = _ids(response["prompt_token_ids"], name, where, "extra.response.prompt_token_ids")
-                choices = response.get("choices") or [{}]
-                completion_ids = _ids(choices[0].get("token_ids") if isinstance(choices[0], dict) else None, name,
-                                      where, "extra.response.choices[0].token_ids")
-            yield TraceRequest(
-                format="mini-swe-agent", request_id=f"{session}#{i}", where=where, session=session,
-                prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(sent), tools=None,
-                response_message=clean, model=response.get("model") if isinstance(response, dict) else None,
-            )
-        sent.append(clean)
+    try:
+        for i, message in enumerate(messages):
+            where = f"messages[{i}]"
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _fail(name, where, "a message needs a role")
+            if message["role"] == "exit":
+                continue
+            clean = {k: v for k, v in message.items() if k != "extra" and v is not None}
+            if message["role"] == "assistant":
+                response = (message.get("extra") or {}).get("response") if isinstance(message.get("extra"), dict) \
+                    else None
+                prompt_ids = completion_ids = None
+                if isinstance(response, dict) and response.get("prompt_token_ids") is not None:
+                    prompt_ids = _ids(response["prompt_token_ids"], name, where, "extra.response.prompt_token_ids")
+                    choices = response.get("choices") or [{}]
+                    completion_ids = _ids(choices[0].get("token_ids") if isinstance(choices[0], dict) else None, name,
+                                          where, "extra.response.choices[0].token_ids")
+                yield TraceRequest(
+                    format="mini-swe-agent", request_id=f"{session}#{i}", where=where, session=session,
+                    prompt_ids=prompt_ids, completion_ids=completion_ids, messages=tuple(sent), tools=None,
+                    response_message=clean, model=response.get("model") if isinstance(response, dict) else None,
+                )
+            sent.append(clean)
+    except TraceFormatError as err:
+        skip(err)  # the requests before the bad record are kept: every later prompt holds it
 
 
-def _read_swe(name: str, lines: Iterable[str]) -> Iterator[TraceRequest]:
+
+def _read_swe(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
     document = _whole_json(name, lines)
     history = document.get("history")
     if not isinstance(history, list):
         raise _fail(name, "history", "a SWE-agent trajectory needs a history list")
     session = Path(name).stem
     sent: list[dict] = []
-    for i, entry in enumerate(history):
-        where = f"history[{i}]"
-        if not isinstance(entry, dict) or entry.get("role") not in ("system", "user", "assistant", "tool"):
-            raise _fail(name, where, "a history entry needs role system, user, assistant or tool")
-        message: dict[str, Any] = {"role": entry["role"], "content": _text(entry.get("content"))}
-        if entry.get("tool_calls"):
-            message["tool_calls"] = entry["tool_calls"]
-        ids = entry.get("tool_call_ids")
-        if entry["role"] == "tool" and isinstance(ids, list) and ids:
-            message["tool_call_id"] = ids[0]
-        if entry["role"] == "assistant":
-            yield TraceRequest(format="swe-agent", request_id=f"{session}#{i}", where=where, session=session,
-                               messages=tuple(sent), response_message=message)
-        sent.append(message)
+    try:
+        for i, entry in enumerate(history):
+            where = f"history[{i}]"
+            if not isinstance(entry, dict) or entry.get("role") not in ("system", "user", "assistant", "tool"):
+                raise _fail(name, where, "a history entry needs role system, user, assistant or tool")
+            message: dict[str, Any] = {"role": entry["role"], "content": _text(entry.get("content"))}
+            if entry.get("tool_calls"):
+                message["tool_calls"] = entry["tool_calls"]
+            ids = entry.get("tool_call_ids")
+            if entry["role"] == "tool" and isinstance(ids, list) and ids:
+                message["tool_call_id"] = ids[0]
+            if entry["role"] == "assistant":
+                yield TraceRequest(format="swe-agent", request_id=f"{session}#{i}", where=where, session=session,
+                                   messages=tuple(sent), response_message=message)
+            sent.append(message)
+    except TraceFormatError as err:
+        skip(err)  # the requests before the bad record are kept: every later prompt holds it
+
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -468,6 +542,8 @@ def _whole_json(name: str, lines: Iterable[str]) -> dict:
         document = json.loads(text)
     except json.JSONDecodeError as err:
         raise _fail(name, f"line {err.lineno}", f"not valid JSON ({err.msg}, column {err.colno})") from None
+    except RecursionError:
+        raise _fail(name, "line 1", f"the trajectory is {TOO_DEEP}") from None
     if not isinstance(document, dict):
         raise _fail(name, "line 1", "the trajectory is not a JSON object")
     return document
@@ -496,13 +572,14 @@ def _tools(value: Any) -> tuple[dict, ...] | None:
 
 
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
-    TraceFormat("vllm-log", "vLLM request log (0.33.0)", _detect_vllm, _read_vllm),
-    TraceFormat("sglang-log", "SGLang request log, json (0.5.23)", _detect_sglang, _read_sglang),
-    TraceFormat("atif", "ATIF trajectory (v1.4+)", _detect_atif, _read_atif),
-    TraceFormat("mini-swe-agent", "mini-swe-agent trajectory", _detect_mini, _read_mini),
-    TraceFormat("swe-agent", "SWE-agent trajectory", _detect_swe, _read_swe),
-    TraceFormat("verifiers", "verifiers / prime-rl rollouts (results.jsonl)", _detect_verifiers, _read_verifiers),
-    TraceFormat("openai-jsonl", "OpenAI-style request/response JSONL", _detect_openai, _read_openai),
+    TraceFormat("vllm-log", "vLLM request log (0.33.0)", _detect_vllm, _read_vllm, streamed=True),
+    TraceFormat("sglang-log", "SGLang request log, json (0.5.23)", _detect_sglang, _read_sglang, streamed=True),
+    TraceFormat("atif", "ATIF trajectory (v1.4+)", _detect_atif, _read_atif, streamed=False),
+    TraceFormat("mini-swe-agent", "mini-swe-agent trajectory", _detect_mini, _read_mini, streamed=False),
+    TraceFormat("swe-agent", "SWE-agent trajectory", _detect_swe, _read_swe, streamed=False),
+    TraceFormat("verifiers", "verifiers / prime-rl rollouts (results.jsonl)", _detect_verifiers, _read_verifiers,
+                streamed=True),
+    TraceFormat("openai-jsonl", "OpenAI-style request/response JSONL", _detect_openai, _read_openai, streamed=True),
 )}
 
 
@@ -512,7 +589,7 @@ def _first_value(head: str) -> Any:
     for text in (first, head):
         try:
             return json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     return _document_keys(head)
 
@@ -534,27 +611,97 @@ def detect_format(name: str, head: str) -> str:
     for trace_format in FORMATS.values():
         if trace_format.detect(first, value):
             return trace_format.name
+    if "\x00" in first:
+        raise TraceFormatError(f"{name}: line 1 holds NUL bytes: it is a binary file, or UTF-16 without a byte-order "
+                               "mark (save it as UTF-8)")
     raise TraceFormatError(f"{name}: line 1 is not any trace format read here ({', '.join(FORMATS)}): "
                            f"{first[:60]!r}")
 
 
 HEAD_BYTES = 1 << 20
+# Byte-order marks: the encoding a file declares by its first bytes (UTF-32's first, it starts as UTF-16 LE's does).
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
-def read_trace(path: str | Path, trace_format: str | None = None, *, name: str | None = None) -> Iterator[TraceRequest]:
-    """Every request in the file, in the order the format records them (streamed for the log formats)."""
+def _encoding(head: bytes) -> str:
+    return next((encoding for bom, encoding in _BOMS if head.startswith(bom)), "utf-8")
+
+
+def _too_long() -> str:
+    cap = f"{MAX_LINE_BYTES >> 20} MB" if MAX_LINE_BYTES >= 1 << 20 else f"{MAX_LINE_BYTES:,} bytes"
+    return f"the line is longer than the {cap} a trace line may hold; it was not read"
+
+
+def _text_lines(name: str, raw: BinaryIO, encoding: str, skip: Skip) -> Iterator[str]:
+    """The file's lines as text, each at most MAX_LINE_BYTES, read one at a time. A line that is too long, holds a NUL
+    byte or is not valid in the encoding goes to `skip` and is handed on as an empty line (so that the lines after it
+    keep their numbers)."""
+    if encoding not in ("utf-8", "utf-8-sig"):
+        # UTF-16 / UTF-32 (with a byte-order mark): decoded as a stream; a byte that does not decode ends the read
+        text = io.TextIOWrapper(raw, encoding=encoding, errors="strict", newline="")
+        line_no = 0
+        try:
+            while line := text.readline(MAX_LINE_BYTES):
+                line_no += 1
+                if len(line) < MAX_LINE_BYTES or line.endswith("\n"):
+                    yield line
+                    continue
+                while line and not line.endswith("\n"):  # the rest of the line, unread
+                    line = text.readline(1 << 20)
+                skip(_fail(name, f"line {line_no}", _too_long()))
+                yield "\n"
+        except UnicodeDecodeError as err:
+            raise _fail(name, f"line {line_no + 1}", f"is not {encoding.upper()} ({err.reason})") from None
+        return
+    if encoding == "utf-8-sig":
+        raw.read(len(codecs.BOM_UTF8))
+    line_no = 0
+    while data := raw.readline(MAX_LINE_BYTES + 1):
+        line_no += 1
+        problem = None
+        if len(data) > MAX_LINE_BYTES and not data.endswith(b"\n"):
+            while data and not data.endswith(b"\n"):  # the rest of the line, unread
+                data = raw.readline(1 << 20)
+            problem = _too_long()
+        elif b"\x00" in data:
+            problem = f"a NUL byte at byte offset {data.index(0)} of the line: it is not text"
+        else:
+            try:
+                yield data.decode("utf-8")
+                continue
+            except UnicodeDecodeError as err:
+                problem = f"not UTF-8 text: byte 0x{data[err.start]:02x} at byte offset {err.start} of the line"
+        skip(_fail(name, f"line {line_no}", problem))
+        yield "\n"
+
+
+def read_trace(path: str | Path, trace_format: str | None = None, *, name: str | None = None,
+               skipped: list[TraceFormatError] | None = None) -> Iterator[TraceRequest]:
+    """Every request in the file, in the order the format records them (streamed for the log formats).
+
+    Without `skipped` the first bad record is raised; with it, each bad record's sentence is appended there and the
+    rest of the file is read (the module's docstring says what is kept, per format)."""
     path = Path(path)
     label = name or path.name
     try:
         with open(path, "rb") as raw:
-            head = raw.read(HEAD_BYTES).decode("utf-8", errors="replace")
+            head_bytes = raw.read(HEAD_BYTES)
     except OSError as err:
         raise TraceFormatError(f"{label} cannot be read: {err.strerror or err}") from None
-    chosen = trace_format or detect_format(label, head)
+    encoding = _encoding(head_bytes)
+    head = head_bytes.decode(encoding, errors="replace")
+    chosen = trace_format or detect_format(label, head.removeprefix("\ufeff"))
     if chosen not in FORMATS:
         raise TraceFormatError(f"unknown trace format {chosen!r}; known: {', '.join(FORMATS)}")
-    with open(path, encoding="utf-8", errors="strict", newline="") as handle:
-        try:
-            yield from FORMATS[chosen].read(label, handle)
-        except UnicodeDecodeError as err:
-            raise TraceFormatError(f"{label} is not UTF-8 (byte offset {err.start} of a line)") from None
+    reader = FORMATS[chosen]
+    if not reader.streamed:
+        size = path.stat().st_size
+        if size > MAX_DOCUMENT_BYTES:
+            raise TraceFormatError(f"{label} is a {chosen} document of {size >> 20} MB, over the "
+                                   f"{MAX_DOCUMENT_BYTES >> 20} MB one may have to be read whole")
+    skip_record: Skip = skipped.append if skipped is not None else _raise
+    # A trajectory document is one JSON value: a line of it that is not text spoils it whole.
+    skip_line = skip_record if reader.streamed else _raise
+    with open(path, "rb") as raw:
+        yield from reader.read(label, _text_lines(label, raw, encoding, skip_line), skip_record)

@@ -9,7 +9,25 @@ from engine.errors import ExplorerError
 
 
 class TraceFormatError(ExplorerError):
-    """A trace file that cannot be read: one sentence naming the file, the line or record, and what is wrong."""
+    """A trace file that cannot be read: one sentence naming the file, the line or record, and what is wrong.
+
+    `where` is the line or record alone ("line 12", "steps[3]"), when the error is about one."""
+
+    def __init__(self, message: str, *, where: str = "") -> None:
+        super().__init__(message)
+        self.where = where
+
+
+def skipped_sentence(skipped: list[TraceFormatError] | tuple[TraceFormatError, ...], shown: int = 5) -> str:
+    """One sentence for the bad records a lenient read skipped: the first one's own sentence, then where the others
+    are."""
+    first = str(skipped[0]).rstrip(".")
+    if len(skipped) == 1:
+        return f"{first} (that record was skipped, the rest of the file was read)"
+    wheres = [e.where or "?" for e in skipped[1:shown]]
+    more = ", …" if len(skipped) > shown else ""
+    return f"{first} ({len(skipped)} bad records were skipped: this one and {', '.join(wheres)}{more}; the rest of " \
+           "the file was read)"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
+from engine.traces.records import TraceFormatError, skipped_sentence
 from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
 from engine.traces.why import Replay, explain_step
 
@@ -24,6 +25,12 @@ class TraceReport:
     block_size: int
     sessions: tuple[SessionTruth, ...]
     replays: dict[tuple[int, int], Replay] = field(default_factory=dict)  # (session, request) 1-based
+    skipped: tuple[TraceFormatError, ...] = ()  # bad records left out (analyse_trace's skip_bad_records)
+
+    @property
+    def skipped_sentence(self) -> str | None:
+        """One sentence for the bad records left out, or None when every record was read."""
+        return skipped_sentence(self.skipped) if self.skipped else None
 
     @property
     def requests(self) -> int:
@@ -70,19 +77,23 @@ class TraceReport:
                            "lost_tokens": session.lost_tokens, "breaks": session.breaks},
             })
         return {"source": self.source, "format": self.format, "model": self.model, "engine": self.engine,
-                "block_size": self.block_size, "sessions": sessions}
+                "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped]}
 
 
 def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
                   trace_format: str | None = None, block_size: int = 16,
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
-                  hints: bool = True, attribute: bool = True, name: str | None = None) -> TraceReport:
+                  hints: bool = True, attribute: bool = True, name: str | None = None,
+                  skip_bad_records: bool = False) -> TraceReport:
     """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break
     (`attribute=False`: the causes of reproduced breaks wait for `TraceReport.attribute`).
 
     One pass: a request is assigned to its session and its step computed as it is read, and only what a later
     request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
     the sessions and the breaks, not the file.
+
+    `skip_bad_records`: a bad record does not stop the analysis; it is left out (readers.py says what is kept, per
+    format) and listed in the report's `skipped`. A file none of whose records is complete is still refused.
     """
     label = name or Path(path).name
     spec = replay_engine(engine) if engine is not None else None
@@ -90,7 +101,8 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
     builders: dict[str, SessionBuilder] = {}
     replays: dict[tuple[str, int], Replay] = {}
     chosen = trace_format
-    for request in read_trace(path, trace_format, name=label):
+    skipped: list[TraceFormatError] | None = [] if skip_bad_records else None
+    for request in read_trace(path, trace_format, name=label, skipped=skipped):
         chosen = chosen or request.format
         prompt, completion, source = ids_of(model, request, spec)
         key = grouper.assign(request, prompt, completion)
@@ -105,6 +117,9 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
                                                           previous_prompt, prompt, step.row.index - 1, hints=hints,
                                                           attribute_now=attribute)
     if not builders:
+        if skipped:
+            raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
+                                                                     "no other record is a complete request"))
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
     ordered = sorted(builders.values(), key=lambda b: b.first_order)
     truths = []
@@ -118,14 +133,15 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
             if key == builder.key:
                 numbered[(n, index)] = replay
     return TraceReport(label, chosen or "", model.id if model else None, str(spec) if spec else None, block_size,
-                       tuple(truths), numbered)
+                       tuple(truths), numbered, tuple(skipped or ()))
 
 
 def report_text(report: TraceReport) -> str:
     """For people: one line per session, one per request that breaks, with its cause."""
     lines = [f"{report.source}: {report.format}, {len(report.sessions)} session(s), {report.requests} requests"
              + (f", model {report.model}" if report.model else "") + (f", replayed through {report.engine}"
-                                                                      if report.engine else "")]
+                                                                      if report.engine else "")
+             + (f", {len(report.skipped)} bad record(s) skipped" if report.skipped else "")]
     for s_no, session in enumerate(report.sessions, start=1):
         lines.append(f"session {s_no} ({session.key}, ids {session.ids_source}): {len(session.steps)} requests, "
                      f"{session.prompt_tokens} prompt tokens, {session.reused_tokens} reused, "

@@ -297,6 +297,9 @@ class AddedVocab:
 def release_problem(engine: str, version: str) -> str | None:
     """None when engine@version is a release the backend serves (in the cache, or listed by PyPI: the cached index
     first, the network only when the index is missing or does not know the version); else the sentence why not."""
+    problem = fetch.release_name_problem(engine, version)  # before the cache or the network is touched
+    if problem is not None:
+        return problem
     if fetch.cached_sources(f"{engine}@{version}") is not None:
         return None
     try:
@@ -589,7 +592,11 @@ class RealEngine(EngineEmulation):
         one sentence, naming the release's file and line, when its code refuses the request."""
         vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
         job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
-        reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s, offline=self.offline)
+        try:
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
+        except EngineWorkerError as err:  # hung or died: this request's error, as a parse's is (the next one restarts)
+            raise RenderError(f"{self.spec}'s request side did not answer: {err}") from None
         result = reply.get("result") or {}
         if not reply.get("ok") or result.get("error"):
             where = f" at {reply['where']}" if reply.get("where") else ""

@@ -55,6 +55,11 @@ FIRST_RELEASE = {"vllm": Version("0.10.0"), "sglang": Version("0.5.1")}
 # from mistral_common's SpecialTokens.
 DEPENDENCIES = {"vllm": ("mistral_common",)}
 INDEX_MAX_AGE_S = 24 * 3600
+# A version the cached index does not list asks PyPI again only when the index is older than this: a stream of made-up
+# versions (a link, a form) costs PyPI one request an hour, not one each.
+INDEX_RECHECK_S = 3600
+# The longest version string read (PyPI's vLLM / SGLang versions are under 16 characters).
+MAX_VERSION_CHARS = 32
 # Byte ranges closer than this are fetched in one request (fewer round trips for a little more data).
 MERGE_GAP = 1 << 20
 
@@ -87,6 +92,35 @@ class Sources:
     license: Path | None
     fetched_bytes: int  # bytes read over the network for this call (0 when cached)
     method: str  # "cached" | "range" | "download"
+
+
+def release_name_problem(engine: str, version: str) -> str | None:
+    """None when engine@version can name a release (a known engine and a version as PyPI lists it: canonical PEP 440,
+    no local part); else the one sentence why not. Checked before the cache or the network is touched: a version
+    becomes a path in the cache and a question to PyPI."""
+    shown = f"{engine}@{version}"
+    shown = repr(shown if len(shown) <= 60 else shown[:59] + "…")
+    if engine not in ENGINES and not any(engine in names for names in DEPENDENCIES.values()):
+        return f"{shown} is not a release: unknown engine {engine[:40]!r}; known: {', '.join(ENGINES)}"
+    if not version:
+        return f"{shown} names no version: give one as PyPI lists it, e.g. {engine}@{FIRST_RELEASE.get(engine, '1.0')}"
+    if len(version) > MAX_VERSION_CHARS:
+        return f"{shown} is not a release: a version of {len(version):,} characters (at most {MAX_VERSION_CHARS})"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        parsed = None
+    if parsed is None or str(parsed) != version or parsed.local is not None:
+        return (f"{shown} is not a release: {version[:40]!r} is not a version as PyPI lists it (digits and dots, "
+                f"e.g. {FIRST_RELEASE.get(engine, '1.0')})")
+    return None
+
+
+def check_release_name(engine: str, version: str) -> None:
+    """FetchError in one sentence unless engine@version can name a release (release_name_problem)."""
+    problem = release_name_problem(engine, version)
+    if problem is not None:
+        raise FetchError(problem)
 
 
 def cache_dir() -> Path:
@@ -161,11 +195,19 @@ def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
     return [Release(engine, r["version"], r["url"], r["filename"], r["size"], r["sha256"]) for r in rows or []]
 
 
+def _index_age_s(engine: str) -> float:
+    try:
+        return time.time() - json.loads((cache_dir() / "index" / f"{engine}.json").read_text())["fetched_at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 def release(engine: str, version: str, *, offline: bool = False) -> Release:
+    check_release_name(engine, version)
     for candidate in list_releases(engine, offline=offline):
         if candidate.version == version:
             return candidate
-    if not offline:  # a release newer than the cached index
+    if not offline and _index_age_s(engine) > INDEX_RECHECK_S:  # a release newer than the cached index
         for candidate in list_releases(engine, refresh=True):
             if candidate.version == version:
                 return candidate
@@ -395,6 +437,7 @@ def _stored_sources(folder: Path, spec: str, stamp: tuple[int, int]) -> tuple[So
 
 
 def _stored(spec: str) -> tuple[Sources, str | None] | None:
+    check_release_name(*spec.partition("@")[::2])  # a spec becomes a path here: never one that is not a release
     folder = cache_dir() / "releases" / spec
     try:
         stat = (folder / "manifest.json").stat()
@@ -417,6 +460,7 @@ def cached_wheel_sha256(spec: str) -> str | None:
 
 def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Sources:
     """The release's sources, from the cache or fetched (range reads, else a full download)."""
+    check_release_name(engine, version)
     spec = f"{engine}@{version}"
     cached = cached_sources(spec)
     if cached is not None:
@@ -442,6 +486,7 @@ def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Source
 def requirements(engine: str, version: str, *, offline: bool = False) -> list[Requirement]:
     """The release's `Requires-Dist` lines that apply here (markers evaluated for this interpreter, no extras), from
     its wheel's METADATA: read by range once (checked against the wheel's RECORD) and kept beside its manifest."""
+    check_release_name(engine, version)
     spec = f"{engine}@{version}"
     path = cache_dir() / "releases" / spec / "METADATA"
     if not path.exists():
