@@ -20,8 +20,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.parsers.base import partial_token_length, tool_schema
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import partial_token_length, tool_schema
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"

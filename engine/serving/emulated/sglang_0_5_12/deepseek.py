@@ -15,7 +15,7 @@ import json
 import re
 from json.decoder import WHITESPACE
 
-from engine.parsers.sglang_0_5_23.deepseek import (
+from engine.serving.emulated.sglang_0_5_23.deepseek import (
     DSML,
     THINK_END,
     THINK_START,

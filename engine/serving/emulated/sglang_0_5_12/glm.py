@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.parsers.sglang_0_5_23.glm import (
+from engine.serving.emulated.sglang_0_5_23.glm import (
     BOT,
     REASONING,
     THINK_END,

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 
-from engine.parsers.base import special_token_deltas, tool_schema
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import special_token_deltas, tool_schema
+from engine.serving.emulated.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
 GLM = "vllm/parser/glm47_moe.py"

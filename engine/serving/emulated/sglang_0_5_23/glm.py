@@ -16,8 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.base import partial_token_length, schema_properties, special_token_deltas
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import partial_token_length, schema_properties, special_token_deltas
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"

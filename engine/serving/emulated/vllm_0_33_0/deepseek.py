@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
 V4 = "vllm/parser/deepseek_v4.py"
