@@ -1,6 +1,6 @@
 """DeepSeek V4 on SGLang 0.5.23: the prompt and the parse come from that release's own code and deepseek-recipe
-(engine/render/deepseek_recipe.py, engine/parsers/sglang_0_5_23/deepseek_recipe.py). Needs the engine cache or PyPI;
-in CI these tests always run."""
+(engine/render/deepseek_recipe.py, engine/serving/emulated/sglang_0_5_23/deepseek_recipe.py). Needs the engine cache or
+PyPI; in CI these tests always run."""
 
 from __future__ import annotations
 

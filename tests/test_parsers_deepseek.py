@@ -4,8 +4,8 @@ Every expected value below was produced by running the real vLLM 0.33.0 / SGLang
 input (the vLLM streaming no-tools case follows stream_processor.py, which drops calls the earlier oracle glue kept;
 SGLang 0.5.12's streamed unclosed call follows its serving_chat.py _check_for_unstreamed_tool_args). SGLang 0.5.23
 with `deepseekv4` is not emulated: it parses through deepseek-recipe in the release's own code, which these tests run
-(engine/parsers/sglang_0_5_23/deepseek_recipe.py; its rows are what that code returned, with the corpus's thinking
-request); `deepseekv32` on 0.5.23 is still the emulation.
+(engine/serving/emulated/sglang_0_5_23/deepseek_recipe.py; its rows are what that code returned, with the corpus's
+thinking request); `deepseekv32` on 0.5.23 is still the emulation.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import require_release
 
-from engine.parsers.sglang_0_5_23 import deepseek_recipe
+from engine.serving.emulated.sglang_0_5_23 import deepseek_recipe
 from engine.serving.registry import get_engine, list_engines
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,7 +38,8 @@ def _normalised(result) -> dict:
 def test_golden(spec: str, tools: list[dict], case: dict) -> None:
     engine = get_engine(spec)
     if deepseek_recipe.owns(engine.version, case["tool_parser"]):
-        require_release(spec)  # not emulated: the release's own code (engine/parsers/sglang_0_5_23/deepseek_recipe.py)
+        # not emulated: the release's own code (engine/serving/emulated/sglang_0_5_23/deepseek_recipe.py)
+        require_release(spec)
     result = engine.parse(
         case["text"],
         reasoning_parser=case["reasoning_parser"],

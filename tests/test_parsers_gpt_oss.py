@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.parsers.sglang_0_5_23.gpt_oss import keep_markers_whole
 from engine.render.harmony import load_harmony_encoding
 from engine.serving.base import EditLog
+from engine.serving.emulated.sglang_0_5_23.gpt_oss import keep_markers_whole
 from engine.serving.registry import get_engine
 from engine.types import ParseResult
 

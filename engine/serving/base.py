@@ -87,6 +87,9 @@ class EngineEmulation(ABC):
     # True for the real-engine backend (a release's own code): callers hand it the model's tokenizer, whose added
     # tokens reach the release's parsers, and the options only it reads (force_reasoning, trace).
     is_real_release = False
+    # The package the cell's request_side names; None: this class's module. The pinned emulations set the path they
+    # had before they moved to engine/serving/emulated, so the matrix JSON's text stays as it was (issue 25).
+    request_side_package: str | None = None
 
     @property
     def origin(self) -> str:
@@ -179,7 +182,8 @@ class EngineEmulation(ABC):
     @property
     def request_side_origin(self) -> str:
         """Which code prepared the messages, for the cell: the emulation's package."""
-        return f"{self.name} {self.version} emulation ({type(self).__module__.replace('.', '/')})"
+        package = self.request_side_package or type(self).__module__.replace('.', '/')
+        return f"{self.name} {self.version} emulation ({package})"
 
     @staticmethod
     def _copy(messages: list[dict]) -> list[dict]:

@@ -1,9 +1,9 @@
 """The engines by their own names: "engine@version" (e.g. "vllm@0.33.0") to the class that serves it, as SGLang's
 `FunctionCallParser.ToolCallParserEnum` maps a CLI name to its class; a bare engine name means its newest version.
 
-The pinned releases are emulations (engine/parsers: vllm_0_33_0, sglang_0_5_23, sglang_0_5_12). Every other release
-on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to the real-engine backend (engine/serving/real): that
-release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
+The pinned releases are emulations (engine/serving/emulated: vllm_0_33_0, sglang_0_5_23, sglang_0_5_12). Every
+other release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to the real-engine backend
+(engine/serving/real): that release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
 A parser pair other than the model's own is named after the release by the engine's CLI names:
 `vllm@0.31.0/qwen3+hermes` (`-` for none: `sglang@0.5.15/-+llama3`).
 A pinned release asked for a parser its emulation does not have (a model family without an emulation: `hermes`,
@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.errors import ExplorerError, UnknownEngineKind
-from engine.parsers.sglang_0_5_12 import Sglang0512Emulation
-from engine.parsers.sglang_0_5_23 import SglangEmulation
-from engine.parsers.vllm_0_33_0 import VllmEmulation
 from engine.serving.base import EngineEmulation
+from engine.serving.emulated.sglang_0_5_12 import Sglang0512Emulation
+from engine.serving.emulated.sglang_0_5_23 import SglangEmulation
+from engine.serving.emulated.vllm_0_33_0 import VllmEmulation
 from engine.serving.real import fetch
 from engine.serving.real.backend import RealEngine, release_problem
 from engine.serving.spec import EngineSpec

@@ -115,7 +115,7 @@ def parse_completion(model: LoadedModel, served: Served, completion: Completion,
 
     parsers = model.spec.engine_parsers.get(served.emulation.name, {})
     tool_parser = parsers.get("tool_call_parser")
-    # A pair the pinned emulation does not cover is parsed by the same release's real code (engine.parsers).
+    # A pair the pinned emulation does not cover is parsed by the same release's real code (engine.serving.emulated).
     engine = for_parsers(served.emulation, parsers.get("reasoning_parser"), tool_parser)
     try:
         _, parsed = parse_served(engine, engine.output_text(completion.text, completion.stop_token, tool_parser), dict(

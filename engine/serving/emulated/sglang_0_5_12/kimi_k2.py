@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from engine.parsers.sglang_0_5_23.kimi_k2 import (
+from engine.serving.base import EditLog
+from engine.serving.emulated.sglang_0_5_23.kimi_k2 import (
     CALL_END,
     CALL_START,
     DETECTOR,
@@ -34,7 +35,6 @@ from engine.parsers.sglang_0_5_23.kimi_k2 import (
     orjson_accepts,
     strip_tool_tokens,
 )
-from engine.serving.base import EditLog
 
 LINES_0512 = {
     **LINES,

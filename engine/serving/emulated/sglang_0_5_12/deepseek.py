@@ -15,60 +15,17 @@ import json
 import re
 from json.decoder import WHITESPACE
 
-from engine.parsers.sglang_0_5_23.deepseek import (
+from engine.serving.emulated.sglang_0_5_12.reasoning import ReasoningDetector0512
+from engine.serving.emulated.sglang_0_5_23.deepseek import (
     DSML,
-    THINK_END,
-    THINK_START,
     DsmlDetector,
     Item,
     SglangDeepSeekParser,
-    ThinkDetector,
 )
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
 DETECTOR = "sglang/srt/function_call/deepseekv32_detector.py"
 UTILS = "sglang/srt/function_call/utils.py"
-
-
-class ThinkDetector0512(ThinkDetector):
-    """BaseReasoningFormatDetector at 0.5.12 (reasoning_parser.py:19-174)."""
-
-    def detect_and_parse(self, text: str) -> tuple[str, str]:
-        if not (self.in_reasoning or THINK_START in text):
-            return "", text
-        body = text.replace(THINK_START, "").strip()
-        self.log.record("reasoning_strip", text, body, REASONING, 73, 75, "text.replace('<think>', '').strip()")
-        if THINK_END not in body:
-            return body, ""
-        reasoning, normal = body.split(THINK_END, 1)
-        self.log.record("content_strip", normal, normal.strip(), REASONING, 102, 102, "normal_text = splits[1].strip()")
-        return reasoning, normal.strip()
-
-    def stream(self, new_text: str) -> tuple[str, str]:
-        self.buffer += new_text
-        current = self.buffer
-        if any(token.startswith(current) and token != current for token in (THINK_START, THINK_END)):
-            return "", ""
-        if not self.stripped_think_start and THINK_START in current:
-            current = current.replace(THINK_START, "", 1)
-            self.stripped_think_start = True
-            self.in_reasoning = True
-        if self.in_reasoning and THINK_END in current:
-            end = current.find(THINK_END)
-            self.buffer = ""
-            self.in_reasoning = False
-            reasoning = current[:end]
-            self.log.record(
-                "reasoning_rstrip", reasoning, reasoning.rstrip(), REASONING, 153, 153, "reasoning_text.rstrip()"
-            )
-            return reasoning.rstrip(), current[end + len(THINK_END) :]
-        if self.in_reasoning:
-            if not self.stream_reasoning:
-                return "", ""
-            self.buffer = ""
-            return current, ""
-        self.buffer = ""
-        return "", current
 
 
 # ---------------------------------------------------------------- partial JSON (partial_json_parser 0.2.1)
@@ -454,7 +411,7 @@ class SglangDeepSeekParser0512(SglangDeepSeekParser):
     version = "0.5.12"
     has_stream_end = False
     detector_class = DsmlDetector0512
-    think_detector_class = ThinkDetector0512
+    think_detector_class = ReasoningDetector0512
     content_lines = (218, 221)
     content_note = "content is the text before the DSML block, .strip()-ed; the rest is dropped"
     stream_lines = (252, 385)

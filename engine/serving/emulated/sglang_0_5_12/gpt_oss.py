@@ -3,7 +3,7 @@ gpt_oss_detector.py are identical); FunctionCallParser.parse_non_stream differs.
 
 from __future__ import annotations
 
-from engine.parsers.sglang_0_5_23.gpt_oss import SglangGptOssParser
+from engine.serving.emulated.sglang_0_5_23.gpt_oss import SglangGptOssParser
 
 
 class SglangGptOssParser0512(SglangGptOssParser):

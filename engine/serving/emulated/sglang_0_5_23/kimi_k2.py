@@ -20,8 +20,8 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from engine.parsers.base import keep_special_tokens_whole, partial_token_length, schema_properties
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import keep_special_tokens_whole, partial_token_length, schema_properties
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"

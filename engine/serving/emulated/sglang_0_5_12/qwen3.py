@@ -3,8 +3,8 @@ end reasoning (no tool_call_parser_active yet)."""
 
 from __future__ import annotations
 
-from engine.parsers.sglang_0_5_23.qwen3 import REASONING, SglangQwen3Parser
 from engine.serving.base import EditLog
+from engine.serving.emulated.sglang_0_5_23.qwen3 import REASONING, SglangQwen3Parser
 
 
 class SglangQwen3Parser0512(SglangQwen3Parser):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from engine.parsers.vllm_0_33_0.deepseek import VllmDeepSeekParser
-from engine.parsers.vllm_0_33_0.glm import VllmGlmParser
-from engine.parsers.vllm_0_33_0.gpt_oss import VllmGptOssParser
-from engine.parsers.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
-from engine.parsers.vllm_0_33_0.qwen3 import Qwen3EngineParser
 from engine.serving.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
+from engine.serving.emulated.vllm_0_33_0.deepseek import VllmDeepSeekParser
+from engine.serving.emulated.vllm_0_33_0.glm import VllmGlmParser
+from engine.serving.emulated.vllm_0_33_0.gpt_oss import VllmGptOssParser
+from engine.serving.emulated.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
+from engine.serving.emulated.vllm_0_33_0.qwen3 import Qwen3EngineParser
 from engine.types import ParseResult
 
 REASONING_FAMILY = {
@@ -43,6 +43,7 @@ CHAT_MESSAGE = "vllm/renderers/chat_utils/chat_message.py"
 class VllmEmulation(EngineEmulation):
     name = "vllm"
     version = "0.33.0"
+    request_side_package = "engine/parsers/vllm_0_33_0"
     reasoning_parsers = REASONING_FAMILY
     tool_parsers = TOOL_FAMILY
     families: dict[str, type[FamilyParser]] = {

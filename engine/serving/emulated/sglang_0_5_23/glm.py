@@ -16,8 +16,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.base import partial_token_length, schema_properties, special_token_deltas
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import schema_properties, special_token_deltas
+from engine.serving.emulated.sglang_0_5_23.reasoning import ReasoningDetector
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -307,90 +308,6 @@ def needs_argument_context(schema: Any) -> bool:
         if types is None or len(types) > 1 and types != {"number", "integer"}:
             return True
     return False
-
-
-# ---------------------------------------------------------------- reasoning (Glm45Detector)
-@dataclass
-class ReasoningResult:
-    reasoning: str = ""
-    normal: str = ""
-
-
-class Glm45Reasoning:
-    """BaseReasoningFormatDetector (reasoning_parser.py:66-364) with the Glm45Detector tokens, force_reasoning=True."""
-
-    lines = {"leading_think": (171, 173), "tool_split": (179, 191)}
-
-    def __init__(self, log: EditLog) -> None:
-        self.log = log
-        self.buffer = ""
-        self.in_reasoning = True
-        self.stripped_think_start = False
-        self.streamed_tail = ""
-
-    def parse_whole(self, text: str) -> ReasoningResult:
-        """_detect_and_parse_impl (163-204): leading <think> tags dropped, split at the first </think>, or at the first
-        <tool_call> when there is no </think>; no whitespace is touched."""
-        body = text
-        while body.startswith(THINK_START):
-            body = body[len(THINK_START) :]
-        self.log.record(
-            "drop_leading_think", text, body, REASONING, *self.lines["leading_think"], "leading <think> tags removed"
-        )
-        if THINK_END not in body:
-            call = body.find(BOT)
-            if call != -1:
-                self.log.record(
-                    "tool_call_ends_reasoning",
-                    body,
-                    body[:call],
-                    REASONING,
-                    *self.lines["tool_split"],
-                    "no </think>: reasoning ends at the first <tool_call>, which stays in the content",
-                )
-                return ReasoningResult(body[:call], body[call:])
-            return ReasoningResult(body, "")
-        end = body.index(THINK_END)
-        return ReasoningResult(body[:end], body[end + len(THINK_END) :])
-
-    def parse_delta(self, delta: str) -> ReasoningResult:
-        """_parse_streaming_increment_impl (224-303)."""
-        self.buffer += delta
-        current = self.buffer
-        if any(token.startswith(current) and token != current for token in (THINK_START, THINK_END, BOT)):
-            return ReasoningResult()
-        if not self.stripped_think_start and THINK_START in current:
-            current = current.replace(THINK_START, "", 1)
-            self.buffer = current
-            self.stripped_think_start = True
-            self.in_reasoning = True
-        if self.in_reasoning and THINK_END in current:
-            end = current.find(THINK_END)
-            self.buffer = ""
-            self.in_reasoning = False
-            return ReasoningResult(current[:end], current[end + len(THINK_END) :])
-        if self.in_reasoning:
-            call = current.find(BOT)
-            if call != -1:
-                self.buffer = ""
-                self.in_reasoning = False
-                return ReasoningResult(current[:call], current[call:])
-            tokens = [THINK_END, BOT] + ([] if self.stripped_think_start else [THINK_START])
-            held = max(partial_token_length(current, token) for token in tokens)
-            self.buffer = current[len(current) - held :]
-            reasoning = current[: len(current) - held]
-            if reasoning:
-                self.streamed_tail = reasoning[-1]
-            return ReasoningResult(reasoning)
-        self.buffer = ""
-        return ReasoningResult(normal=current)
-
-    def finish(self) -> ReasoningResult:
-        """finish (336-364): what is still held back is released."""
-        held, self.buffer = self.buffer, ""
-        if not self.in_reasoning:
-            return ReasoningResult(normal=held)
-        return ReasoningResult(held.removeprefix(THINK_START))
 
 
 # ---------------------------------------------------------------- tool detectors
@@ -1283,11 +1200,17 @@ class Accumulated:
 class SglangGlmParser(FamilyParser):
     """serving_chat.py's reasoning + tool-call chain for the GLM family."""
 
-    reasoning_class: type[Glm45Reasoning] = Glm45Reasoning
+    # Glm45Detector: the reasoning base with force_reasoning, <tool_call> also ending reasoning
+    reasoning_class: type[ReasoningDetector] = ReasoningDetector
+    reasoning_lines = {"leading_think": (171, 173), "tool_split": (179, 191)}
     detectors: dict[str, type[GlmDetectorBase]] = {"glm45": Glm4Detector, "glm47": Glm47Detector}
     flushes_at_end = True  # parse_stream_end / finish exist since 0.5.13
     unstreamed_lines = (3758, 3833)
     keeps_text_without_calls = False  # function_call_parser.py:218-221: a call marker alone replaces the text
+
+    def reasoner(self, log: EditLog) -> ReasoningDetector:
+        return self.reasoning_class(BOT, True, True, log, leading_think_lines=self.reasoning_lines["leading_think"],
+                                    tool_split_lines=self.reasoning_lines["tool_split"])
 
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
         detector = self.detectors[self.tool_parser](tools, log) if self.tool_parser and tools else None
@@ -1295,8 +1218,7 @@ class SglangGlmParser(FamilyParser):
             return self.parse_stream(text, detector, chunks, log)
         reasoning = None
         if self.reasoning_parser is not None:
-            split = self.reasoning_class(log).parse_whole(text)
-            reasoning, text = split.reasoning, split.normal
+            reasoning, text = self.reasoner(log).detect_and_parse(text)
         calls: tuple[ToolCall, ...] = ()
         if detector is not None and BOT in text:
             # the detector's edits count only when serving_chat uses its result
@@ -1310,18 +1232,17 @@ class SglangGlmParser(FamilyParser):
         return ParsedTurn(reasoning or None, text, calls)
 
     def parse_stream(self, text: str, detector: GlmDetectorBase | None, chunks: list[str], log: EditLog) -> ParsedTurn:
-        reasoner = self.reasoning_class(log) if self.reasoning_parser is not None else None
+        reasoner = self.reasoner(log) if self.reasoning_parser is not None else None
         out = Accumulated()
         deltas = special_token_deltas(text, chunks, SPECIAL_RE)
         for position, delta in enumerate(deltas):
             finished = position == len(deltas) - 1
             if reasoner is not None:
-                split = reasoner.parse_delta(delta)
+                reasoning, delta = reasoner.stream(delta)
                 if finished and self.flushes_at_end:
-                    end = reasoner.finish()
-                    split = ReasoningResult(split.reasoning + end.reasoning, split.normal + end.normal)
-                out.reasoning.append(split.reasoning)
-                delta = split.normal
+                    end_reasoning, end_normal = reasoner.finish()
+                    reasoning, delta = reasoning + end_reasoning, delta + end_normal
+                out.reasoning.append(reasoning)
             if detector is None:
                 out.content.append(delta)
                 continue

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.parsers.sglang_0_5_12.deepseek import SglangDeepSeekParser0512
-from engine.parsers.sglang_0_5_12.glm import SglangGlmParser0512
-from engine.parsers.sglang_0_5_12.gpt_oss import SglangGptOssParser0512
-from engine.parsers.sglang_0_5_12.kimi_k2 import SglangKimiK2Parser0512
-from engine.parsers.sglang_0_5_12.qwen3 import SglangQwen3Parser0512
-from engine.parsers.sglang_0_5_23 import SglangEmulation
 from engine.serving.base import EditLog, FamilyParser
+from engine.serving.emulated.sglang_0_5_12.deepseek import SglangDeepSeekParser0512
+from engine.serving.emulated.sglang_0_5_12.glm import SglangGlmParser0512
+from engine.serving.emulated.sglang_0_5_12.gpt_oss import SglangGptOssParser0512
+from engine.serving.emulated.sglang_0_5_12.kimi_k2 import SglangKimiK2Parser0512
+from engine.serving.emulated.sglang_0_5_12.qwen3 import SglangQwen3Parser0512
+from engine.serving.emulated.sglang_0_5_23 import SglangEmulation
 from engine.types import ParseResult
 
 SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
@@ -18,6 +18,7 @@ SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
 
 class Sglang0512Emulation(SglangEmulation):
     version = "0.5.12"
+    request_side_package = "engine/parsers/sglang_0_5_12"
     families: dict[str, type[FamilyParser]] = {
         "qwen3": SglangQwen3Parser0512,
         "glm": SglangGlmParser0512,

@@ -7,8 +7,8 @@ import ast
 import json
 import re
 
-from engine.parsers.base import tool_schema
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import tool_schema
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"

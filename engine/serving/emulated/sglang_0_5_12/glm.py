@@ -15,77 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.parsers.sglang_0_5_23.glm import (
-    BOT,
-    REASONING,
-    THINK_END,
-    THINK_START,
+from engine.serving.emulated.sglang_0_5_12.reasoning import ReasoningDetector0512
+from engine.serving.emulated.sglang_0_5_23.glm import (
     CallItem,
     Glm4Detector,
-    Glm45Reasoning,
     Glm47Detector,
     GlmDetectorBase,
-    ReasoningResult,
     SglangGlmParser,
     functions,
     infer_type,
 )
-
-
-class Glm45Reasoning0512(Glm45Reasoning):
-    """BaseReasoningFormatDetector at 0.5.12 (reasoning_parser.py:62-181)."""
-
-    def parse_whole(self, text: str) -> ReasoningResult:
-        body = text.replace(THINK_START, "").strip()
-        self.log.record("reasoning_strip", text, body, REASONING, 73, 75, "text.replace('<think>', '').strip()")
-        if THINK_END not in body:
-            call = body.find(BOT)
-            if call != -1:
-                reasoning = body[:call].strip()
-                self.log.record(
-                    "tool_call_ends_reasoning",
-                    body,
-                    reasoning,
-                    REASONING,
-                    82,
-                    94,
-                    "no </think>: reasoning ends at the first <tool_call> and is stripped; the call stays in content",
-                )
-                return ReasoningResult(reasoning, body[call:])
-            return ReasoningResult(body, "")
-        reasoning, normal = body.split(THINK_END, 1)
-        stripped = normal.strip()
-        self.log.record("content_strip", normal, stripped, REASONING, 102, 102, "normal_text = splits[1].strip()")
-        return ReasoningResult(reasoning, stripped)
-
-    def parse_delta(self, delta: str) -> ReasoningResult:
-        self.buffer += delta
-        current = self.buffer
-        if any(token.startswith(current) and token != current for token in (THINK_START, THINK_END, BOT)):
-            return ReasoningResult()
-        if not self.stripped_think_start and THINK_START in current:
-            current = current.replace(THINK_START, "", 1)
-            self.stripped_think_start = True
-            self.in_reasoning = True
-        if self.in_reasoning and THINK_END in current:
-            end = current.find(THINK_END)
-            self.buffer = ""
-            self.in_reasoning = False
-            reasoning = current[:end]
-            self.log.record(
-                "reasoning_rstrip", reasoning, reasoning.rstrip(), REASONING, 153, 153, "reasoning_text.rstrip()"
-            )
-            return ReasoningResult(reasoning.rstrip(), current[end + len(THINK_END) :])
-        if self.in_reasoning:
-            call = current.find(BOT)
-            if call != -1:
-                self.buffer = ""
-                self.in_reasoning = False
-                return ReasoningResult(current[:call], current[call:])
-            self.buffer = ""
-            return ReasoningResult(current)
-        self.buffer = ""
-        return ReasoningResult(normal=current)
 
 
 def argument_type_0512(tools: list[dict], name: str, key: str) -> str | None:
@@ -165,7 +104,8 @@ class Glm47Detector0512(Glm47Detector):
 
 
 class SglangGlmParser0512(SglangGlmParser):
-    reasoning_class = Glm45Reasoning0512
+    reasoning_class = ReasoningDetector0512
+    reasoning_lines = {**SglangGlmParser.reasoning_lines, "tool_split": (82, 94)}
     detectors: dict[str, type[GlmDetectorBase]] = {"glm45": Glm4Detector0512, "glm47": Glm47Detector0512}
     flushes_at_end = False
     keeps_text_without_calls = True  # function_call_parser.py:128-131: the whole text when no call parses

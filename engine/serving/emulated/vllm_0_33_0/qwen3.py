@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, tool_properties
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.vllm_0_33_0.schema_coercion import coerce_dict, tool_properties
 from engine.types import ToolCall
 
 QWEN3 = "vllm/parser/qwen3.py"

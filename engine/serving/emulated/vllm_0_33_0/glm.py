@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 
-from engine.parsers.base import special_token_deltas, tool_schema
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import special_token_deltas, tool_schema
+from engine.serving.emulated.vllm_0_33_0.parser_engine import Event, Lexer, name_and_arguments, safe_argument_prefix
+from engine.serving.emulated.vllm_0_33_0.schema_coercion import coerce_dict, streamable_string_keys, tool_properties
 from engine.types import ToolCall
 
 GLM = "vllm/parser/glm47_moe.py"
@@ -213,69 +214,7 @@ def open_value_extender(args: RawArgs) -> Callable[[str], str | None] | None:
     return extend
 
 
-def safe_arg_prefix(json_str: str, string_keys: set[str] | None) -> tuple[str, bool]:
-    """parser_engine.py:347-417: the JSON up to the last top-level value; an open string value of a string-only key
-    streams, any other trailing value is held back because coercion may still change it."""
-    last_colon = -1
-    last_key: str | None = None
-    pending_key: str | None = None
-    in_string = escape = False
-    string_start = -1
-    depth = 0
-    for position, char in enumerate(json_str):
-        if escape:
-            escape = False
-            continue
-        if in_string:
-            if char == "\\":
-                escape = True
-            elif char == '"':
-                in_string = False
-                if depth == 1 and string_start >= 0:
-                    pending_key = json_str[string_start + 1 : position]
-            continue
-        if char == '"':
-            in_string = True
-            string_start = position
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-        elif char == ":" and depth == 1:
-            last_colon = position
-            last_key = pending_key
-            pending_key = None
-    if last_colon < 0:
-        return "", False
-    end = last_colon + 1
-    while end < len(json_str) and json_str[end] in " \t\n\r":
-        end += 1
-    if end >= len(json_str) or json_str[end] != '"':
-        return json_str[:end], False
-    if string_keys is not None and last_key not in string_keys:
-        return json_str[:end], False
-    escape = False
-    for position in range(end + 1, len(json_str)):
-        char = json_str[position]
-        if escape:
-            escape = False
-            continue
-        if char == "\\":
-            escape = True
-            continue
-        if char == '"':
-            return json_str[:position], True
-    return json_str, True
-
-
 # ---------------------------------------------------------------- the engine (lexer + state machine)
-@dataclass
-class Event:
-    kind: str
-    value: str = ""
-    index: int = -1
-
-
 def transitions(thinking: bool) -> dict[tuple[str, str], tuple[str, tuple[str, ...]]]:
     """glm47_moe.py:132-232: (state, terminal) -> (next state, events)."""
     table: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
@@ -302,10 +241,6 @@ class MachineGrammar:
     table: Mapping
     literals: Mapping[str, str]
     by_token: frozenset[str]
-    prefixes: frozenset[str]
-    first_chars: frozenset[str]
-    literal_re: re.Pattern
-    longest: int
     tool_terminals: frozenset[str]
     reasoning_markup: frozenset[str]
 
@@ -324,10 +259,6 @@ def machine_grammar(thinking: bool) -> MachineGrammar:
         # token-id terminals (glm47_moe.py:193-197) and dropped specials arrive pre-lexed by token id
         by_token=frozenset({t for t in literals if t in (THINK_START, THINK_END, TOOL_START, TOOL_END)}
                            | set(DROPPED_SPECIALS)),
-        prefixes=frozenset(lit[:i] for lit in literals for i in range(1, len(lit))),
-        first_chars=frozenset(lit[0] for lit in literals),
-        literal_re=re.compile("|".join(re.escape(lit) for lit in literals)),
-        longest=max(len(lit) for lit in literals),
         tool_terminals=frozenset(t for (s, t), (n, _) in table.items() if n in TOOL_STATES or s in TOOL_STATES),
         reasoning_markup=frozenset({THINK_START, THINK_END}) if thinking else frozenset(),
     )
@@ -343,10 +274,7 @@ class Machine:
         self.table = grammar.table
         self.literals = grammar.literals
         self.by_token = grammar.by_token
-        self.prefixes = grammar.prefixes
-        self.first_chars = grammar.first_chars
-        self.literal_re = grammar.literal_re
-        self.longest = grammar.longest
+        self.lexer_literals = list(grammar.literals.items())
         self.tool_terminals = grammar.tool_terminals
         self.reasoning_markup = grammar.reasoning_markup
         self.skip_tools = False
@@ -356,39 +284,7 @@ class Machine:
     def reset(self, initial_state: str | None) -> None:
         self.state = initial_state or (REASONING if THINK_START in self.literals else CONTENT)
         self.tool_index = -1
-        self.buffer = ""
-
-    # -- lexer
-    def _content_end(self, text: str, start: int) -> int:
-        """First position after `start` where a tag, or a tag cut off by the end of the text, begins
-        (incremental_lexer.py:273-285)."""
-        match = self.literal_re.search(text, start + 1)
-        limit = match.start() if match else len(text)
-        # a cut-off tag can only begin within the last `longest - 1` characters
-        for position in range(max(start + 1, len(text) - self.longest + 1), limit):
-            if text[position:] in self.prefixes:
-                return position
-        return limit
-
-    def _drain(self, final: bool) -> list[tuple[str | None, str]]:
-        text, position, tokens = self.buffer, 0, []
-        while position < len(text):
-            if not final and len(text) - position < self.longest and text[position:] in self.prefixes:
-                break  # a possible tag at the end waits for the next delta
-            best = None
-            if text[position] in self.first_chars:
-                for lit in self.literals:
-                    if (best is None or len(lit) > len(best)) and text.startswith(lit, position):
-                        best = lit
-            if best is not None:
-                tokens.append((self.literals[best], best))
-                position += len(best)
-                continue
-            end = self._content_end(text, position)
-            tokens.append((None, text[position:end]))
-            position = end
-        self.buffer = text[position:]
-        return tokens
+        self.lexer = Lexer(self.lexer_literals)
 
     def _run(self, tokens: list[tuple[str | None, str]]) -> list[Event]:
         events: list[Event] = []
@@ -403,10 +299,9 @@ class Machine:
     def feed(self, delta: str) -> list[Event]:
         if delta in self.by_token:
             # a special token: held text is flushed first (streaming_parser_engine.py:276-278)
-            events = self._run(self._drain(final=True))
+            events = self._run(self.lexer.flush())
             return events + self.on_terminal(self.literals[delta], delta)
-        self.buffer += delta
-        return self._run(self._drain(final=False))
+        return self._run(self.lexer.feed(delta))
 
     def feed_text(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -416,7 +311,7 @@ class Machine:
 
     def finish(self) -> list[Event]:
         """streaming_parser_engine.py:294-349: flush held text, close an open call or reasoning block."""
-        events = self._run(self._drain(final=True))
+        events = self._run(self.lexer.flush())
         if self.state in TOOL_STATES:
             if self.tool_index >= 0:
                 events.append(Event(CALL_END, "", self.tool_index))
@@ -598,7 +493,7 @@ class Pass:
         if slot.name:
             current = self.fix_types(current, slot.name)
         previous = slot.streamed
-        safe, value_streams = safe_arg_prefix(current, slot.string_keys)
+        safe, value_streams = safe_argument_prefix(current, slot.string_keys)
         if not safe or (previous and not safe.startswith(previous)):
             return None
         slot.streamed = safe
@@ -790,7 +685,7 @@ class Pass:
                 continue
             name: object = slot.name.strip()
             if not name and raw.strip():
-                name, args_json = self.name_and_args(raw)
+                name, args_json = name_and_arguments(raw)
             elif raw.strip():
                 args_json = slot.args.convert(False)
                 open_value = slot.args.params(True)[1]
@@ -839,23 +734,6 @@ class Pass:
             )
             calls.append((slot.id or RANDOM_ID, str(name), fixed))
         return calls
-
-    @staticmethod
-    def name_and_args(raw: str) -> tuple[object, str]:
-        """parser_engine.py:1208-1243: a nameless body is read as JSON {"name", "arguments"|"parameters"}."""
-        raw = raw.strip()
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            return "", raw
-        if not isinstance(parsed, dict):
-            return "", raw
-        name = parsed.get("name", "")
-        for key in ("arguments", "parameters"):
-            if key in parsed:
-                value = parsed[key]
-                return name, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        return name, json.dumps({k: v for k, v in parsed.items() if k != "name"}, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------- the serving layer (DelegatingParser)

@@ -20,8 +20,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.parsers.base import partial_token_length, tool_schema
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import tool_schema
+from engine.serving.emulated.sglang_0_5_23.reasoning import ReasoningDetector
 from engine.types import ToolCall
 
 REASONING = "sglang/srt/parser/reasoning_parser.py"
@@ -41,81 +42,6 @@ class _RejectedConstant(ValueError):
 
 def _reject_constant(value: str) -> object:
     raise _RejectedConstant(f"Invalid JSON constant: {value}")
-
-
-# ---------------------------------------------------------------- reasoning (BaseReasoningFormatDetector)
-class ThinkDetector:
-    """reasoning_parser.py:66-356 for <think>/</think> with force_reasoning and no continue_final_message."""
-
-    def __init__(self, tool_start: str | None, force_reasoning: bool, stream_reasoning: bool, log: EditLog) -> None:
-        self.tool_start = tool_start
-        self.in_reasoning = force_reasoning
-        self.stream_reasoning = stream_reasoning
-        self.log = log
-        self.buffer = ""
-        self.stripped_think_start = False
-
-    def _find_tool_start(self, text: str) -> int:
-        return text.find(self.tool_start) if self.tool_start else -1
-
-    def detect_and_parse(self, text: str) -> tuple[str, str]:
-        """reasoning_parser.py:160-200: (reasoning, normal) of a whole output."""
-        if not (self.in_reasoning or THINK_START in text):
-            return "", text
-        body = text
-        while body.startswith(THINK_START):
-            body = body[len(THINK_START) :]
-        self.log.record("drop_leading_think", text, body, REASONING, 172, 173, "leading <think> tags removed")
-        if THINK_END not in body:
-            tool_index = self._find_tool_start(body)
-            if tool_index != -1:
-                return body[:tool_index], body[tool_index:]
-            return body, ""  # truncated: everything is reasoning
-        reasoning, normal = body.split(THINK_END, 1)
-        return reasoning, normal
-
-    def stream(self, new_text: str) -> tuple[str, str]:
-        """reasoning_parser.py:224-303 _parse_streaming_increment_impl."""
-        self.buffer += new_text
-        current = self.buffer
-        watched = [THINK_START, THINK_END] + ([self.tool_start] if self.tool_start else [])
-        if any(token.startswith(current) and token != current for token in watched):
-            return "", ""
-        if not self.stripped_think_start and THINK_START in current:
-            current = current.replace(THINK_START, "", 1)
-            self.buffer = current
-            self.stripped_think_start = True
-            self.in_reasoning = True
-        if self.in_reasoning and THINK_END in current:
-            end = current.find(THINK_END)
-            self.buffer = ""
-            self.in_reasoning = False
-            return current[:end], current[end + len(THINK_END) :]
-        if self.in_reasoning:
-            tool_index = self._find_tool_start(current)
-            if tool_index != -1:
-                self.buffer = ""
-                self.in_reasoning = False
-                return current[:tool_index], current[tool_index:]
-            if not self.stream_reasoning:
-                return "", ""
-            held = [THINK_END] + ([self.tool_start] if self.tool_start else [])
-            if not self.stripped_think_start:
-                held.append(THINK_START)
-            holdback = max(partial_token_length(current, token) for token in held)
-            self.buffer = current[len(current) - holdback :]
-            return current[: len(current) - holdback], ""
-        self.buffer = ""
-        return "", current
-
-    def finish(self) -> tuple[str, str]:
-        """reasoning_parser.py:336-364: text still held back is flushed (as reasoning inside the block)."""
-        if not self.in_reasoning:
-            leftover, self.buffer = self.buffer, ""
-            return "", leftover
-        held = self.buffer.removeprefix(THINK_START)
-        self.buffer = ""
-        return held, ""
 
 
 # ---------------------------------------------------------------- tools (DeepSeekV32Detector)
@@ -395,7 +321,7 @@ class SglangDeepSeekParser(FamilyParser):
     version = "0.5.23"
     has_stream_end = True  # ReasoningParser.parse_stream_end / FunctionCallParser.parse_stream_end exist
     detector_class: type = DsmlDetector
-    think_detector_class: type = ThinkDetector
+    think_detector_class: type[ReasoningDetector] = ReasoningDetector
     content_lines = (203, 217)
     content_note = "content is the text before the DSML block (its trailing blank line removed); the rest is dropped"
     stream_lines = (252, 383)
@@ -430,7 +356,7 @@ class SglangDeepSeekParser(FamilyParser):
             return self._parse_stream(tools, chunks, log)
         return self._parse_whole(text, tools, log)
 
-    def _think(self, stream: bool, log: EditLog) -> ThinkDetector | None:
+    def _think(self, stream: bool, log: EditLog) -> ReasoningDetector | None:
         if self.reasoning_parser is None:
             return None
         return self.think_detector_class(self._tool_start(), self.force_reasoning, stream, log)

@@ -13,8 +13,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.parsers.base import tool_schema
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import tool_schema
 from engine.types import ToolCall
 
 HARMONY = "sglang/srt/parser/harmony_parser.py"

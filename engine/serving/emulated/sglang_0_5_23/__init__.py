@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.parsers.sglang_0_5_23 import deepseek_recipe
-from engine.parsers.sglang_0_5_23.deepseek import SglangDeepSeekParser
-from engine.parsers.sglang_0_5_23.glm import SglangGlmParser
-from engine.parsers.sglang_0_5_23.gpt_oss import SglangGptOssParser
-from engine.parsers.sglang_0_5_23.kimi_k2 import SglangKimiK2Parser
-from engine.parsers.sglang_0_5_23.qwen3 import SglangQwen3Parser
 from engine.serving.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
+from engine.serving.emulated.sglang_0_5_23 import deepseek_recipe
+from engine.serving.emulated.sglang_0_5_23.deepseek import SglangDeepSeekParser
+from engine.serving.emulated.sglang_0_5_23.glm import SglangGlmParser
+from engine.serving.emulated.sglang_0_5_23.gpt_oss import SglangGptOssParser
+from engine.serving.emulated.sglang_0_5_23.kimi_k2 import SglangKimiK2Parser
+from engine.serving.emulated.sglang_0_5_23.qwen3 import SglangQwen3Parser
 from engine.types import ParseResult
 
 REASONING_FAMILY = {
@@ -40,6 +40,7 @@ SERVING_CHAT = "sglang/srt/entrypoints/openai/serving_chat.py"
 class SglangEmulation(EngineEmulation):
     name = "sglang"
     version = "0.5.23"
+    request_side_package = "engine/parsers/sglang_0_5_23"
     reasoning_parsers = REASONING_FAMILY
     tool_parsers = TOOL_FAMILY
     families: dict[str, type[FamilyParser]] = {

@@ -20,9 +20,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.parsers.base import keep_special_tokens_whole, tool_schema
-from engine.parsers.vllm_0_33_0.schema_coercion import coerce_dict
 from engine.serving.base import EditLog, FamilyParser, ParsedTurn
+from engine.serving.emulated.base import keep_special_tokens_whole, tool_schema
+from engine.serving.emulated.vllm_0_33_0.schema_coercion import coerce_dict
 from engine.types import ToolCall
 
 KIMI = "vllm/parser/kimi_k2.py"
