@@ -7,6 +7,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# Bounds on starting and asking a release's sandboxed worker (engine/serving/real/backend.py WorkerLimits, defaults 60 s
+# and 20 s): the tests check what the workers answer, not how fast, and beside other CPU-bound work a start that takes
+# seconds idle can take minutes. Generous, so a loaded machine fails no test; the streamlit servers and CLI subprocesses
+# the tests start inherit them. A value set outside the suite wins. (The template sandbox's DRIFT_RENDER_* limits are
+# left alone: tests read RenderLimits.from_env() against its defaults.)
+for _name, _seconds in (("DRIFT_ENGINE_STARTUP_TIMEOUT_S", "600"), ("DRIFT_ENGINE_PARSE_TIMEOUT_S", "300")):
+    os.environ.setdefault(_name, _seconds)
+
+# The bound on one run of the app's script in streamlit.testing's AppTest (a first run computes the default matrix):
+# a bound for a hang, not a speed test, generous for a loaded machine.
+APP_RUN_BOUND_S = 600
+
 # ../shared beside the clone, as in CI; SHARED_DIR overrides. A user's clone has none: what needs it skips there.
 SHARED = Path(os.environ.get("SHARED_DIR", ROOT.parent / "shared"))
 
