@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import APP_RUN_BOUND_S
 from streamlit.testing.v1 import AppTest
 
 from engine.models import default_model_ids, load_model
@@ -21,7 +22,7 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 @pytest.fixture
 def app(tmp_path, monkeypatch) -> AppTest:
     monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -110,7 +111,7 @@ def test_side_by_side_view_and_string_level(app: AppTest) -> None:
 
 def test_a_link_reopens_the_same_cell(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path))
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.query_params.update(engine="raw", model="qwen3.5", scenario="reasoning-whitespace", cell_engine="raw",
                            kwargs='{"qwen3.5": {"enable_thinking": true}}')
     at.run()
@@ -194,7 +195,7 @@ def test_custom_page_opened_first_keeps_the_stored_uploads_as_columns(tmp_path, 
     source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
     upload = Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("mine.jinja", source)}, "mine")
     monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.switch_page("pages/custom_templates.py").run()  # a browser session whose first page is Custom templates
     assert not at.exception, [e.value for e in at.exception]
     assert at.checkbox(key=f"show:{upload.id}").value is True
@@ -208,7 +209,7 @@ def test_a_custom_cell_exports_evidence_holding_its_template(tmp_path, monkeypat
     source = ("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n").encode()
     Workspace(tmp_path / "workspace").add("qwen3.5", {"chat_template": ("keep.jinja", source)}, "keep")
     monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.run()
     _select(at, "next-user-turn", "qwen3.5+keep")
     assert not at.exception, [e.value for e in at.exception]

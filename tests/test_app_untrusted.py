@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import APP_RUN_BOUND_S
 from stored import replace_stored
 from streamlit.testing.v1 import AppTest
 from test_untrusted import rank_table
@@ -34,7 +35,7 @@ def workspace(tmp_path, monkeypatch) -> Workspace:
 
 
 def _app(page: str | None = None, **params: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.query_params.update(params)
     at.run()
     assert not at.exception, [e.value for e in at.exception]

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The probe's flags: without the background-networking ones Chromium hammers the closed network.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SERVER_START_S = 300
 INDEX_WIDTH, COLUMN_WIDTH, ROW_HEIGHT = 160, 80, 35  # pages/matrix.py fixes these so cells sit at known places
 
 if not Path(CHROMIUM).exists():
@@ -60,27 +62,40 @@ def zoo_cache_dir(tmp_path_factory) -> Path:
 def _streamlit(env: dict[str, str]) -> Iterator[str]:
     """`streamlit run app.py` on a free loopback port, until it answers its health check."""
     port = _free_port()
+    log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Its output goes to a file, not a pipe nobody reads while the tests run (a full pipe would stall the server).
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        # A start imports streamlit, pandas and plotly: seconds idle, much longer beside other CPU-bound work, so the
+        # bound is generous; the loop ends as soon as the server answers (or exits).
+        deadline = time.monotonic() + SERVER_START_S
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as reply:
                     if reply.status == 200:
                         break
             except OSError as err:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    output = server.stdout.read() if server.stdout else ""
-                    raise RuntimeError(f"streamlit did not start: {output}") from err
-                time.sleep(0.3)
+                    if server.poll() is None:
+                        server.kill()
+                    server.wait()
+                    log.seek(0)
+                    output = log.read()
+                    raise RuntimeError(f"streamlit did not start within {SERVER_START_S} s: {output}") from err
+                time.sleep(0.3)  # a poll interval, not a wait for something to happen
         yield url
     finally:
         server.terminate()
-        server.wait(timeout=20)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ Budgets are modest and derandomized, so CI stays fast and every run checks the s
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from contextlib import contextmanager
@@ -82,41 +83,53 @@ def hang_guard(seconds: int):
 TOOLS = list(tool_library().values())
 
 
-def _emulated_pairs() -> list[tuple[str, str | None, str | None]]:
-    """(engine, reasoning parser, tool parser) for every registered pair whose family is emulated here.
-
-    A pair is left out when even an empty output raises NotImplementedError (a family still being written) or
-    ValueError (a name the real engine itself rejects, e.g. SGLang's tool parser 'deepseek-v3').
-    """
+def _candidate_pairs() -> list[tuple[str, str | None, str | None]]:
+    """(engine, reasoning parser, tool parser) for every registered pair: each reasoning parser alone, each tool parser
+    alone, and each tool parser with every reasoning parser of its family. Cheap: read from the registries."""
     pairs = []
     for spec in list_engines():
         emulation = get_engine(spec)
-        candidates: list[tuple[str | None, str | None]] = [(r, None) for r in emulation.reasoning_parsers]
+        pairs.extend((spec, r, None) for r in emulation.reasoning_parsers)
         for tool, family in emulation.tool_parsers.items():
-            candidates.append((None, tool))
-            candidates.extend((r, tool) for r, f in emulation.reasoning_parsers.items() if f == family)
-        for reasoning, tool in candidates:
-            try:
-                emulation.parse("", reasoning_parser=reasoning, tool_parser=tool, tools=TOOLS)
-            except (NotImplementedError, ValueError):
-                continue
-            pairs.append((spec, reasoning, tool))
+            pairs.append((spec, None, tool))
+            pairs.extend((spec, r, tool) for r, f in emulation.reasoning_parsers.items() if f == family)
     return pairs
 
 
-PAIRS = _emulated_pairs()
+CANDIDATES = _candidate_pairs()
+
+
+@functools.cache
+def not_emulated(spec: str, reasoning: str | None, tool: str | None) -> str | None:
+    """Why a registered pair is not emulated here, or None: even an empty output raises NotImplementedError (a family
+    still being written) or ValueError (a name the real engine itself rejects, e.g. SGLang's tool parser
+    'deepseek-v3'). Asked at run time, not at collection: some pairs hand even an empty output to a release's worker
+    (SGLang 0.5.23's deepseek recipe), which collecting the suite must not start."""
+    try:
+        get_engine(spec).parse("", reasoning_parser=reasoning, tool_parser=tool, tools=TOOLS)
+    except (NotImplementedError, ValueError) as err:
+        return str(err)
+    return None
 
 
 def test_the_emulated_pairs_cover_every_engine():
-    assert {spec for spec, _, _ in PAIRS} == set(list_engines())
-    assert ("vllm@0.33.0", "qwen3", "qwen3_coder") in PAIRS
-    assert ("sglang@0.5.23", "qwen3", "qwen3_coder") in PAIRS
+    pairs = [pair for pair in CANDIDATES if not_emulated(*pair) is None]
+    assert {spec for spec, _, _ in pairs} == set(list_engines())
+    assert ("vllm@0.33.0", "qwen3", "qwen3_coder") in pairs
+    assert ("sglang@0.5.23", "qwen3", "qwen3_coder") in pairs
 
 
-@pytest.mark.parametrize("spec,reasoning,tool", PAIRS, ids=[f"{s}-{r}-{t}" for s, r, t in PAIRS])
+@pytest.mark.parametrize("spec,reasoning,tool", CANDIDATES, ids=[f"{s}-{r}-{t}" for s, r, t in CANDIDATES])
+def test_engine_parsers_take_any_output(spec, reasoning, tool):
+    why = not_emulated(spec, reasoning, tool)
+    if why is not None:
+        pytest.skip(f"not emulated here: {why}")
+    parsers_take_any_output(spec, reasoning, tool)
+
+
 @settings(FUZZ, max_examples=25)
 @given(text=model_outputs(), data=st.data())
-def test_engine_parsers_take_any_output(spec, reasoning, tool, text, data):
+def parsers_take_any_output(spec, reasoning, tool, text, data):
     emulation = get_engine(spec)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6), label="chunk cuts"))
     chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]

@@ -151,7 +151,7 @@ def test_one_megabyte_call(spec: str, stream: bool, reasoning: str, content: str
     chunks = [BIG[i : i + 65536] for i in range(0, len(BIG), 65536)]
     started = time.monotonic()
     result = parse(spec, BIG, stream, chunks)
-    assert time.monotonic() - started < 60  # hang guard only
+    assert time.monotonic() - started < 300  # hang guard only (generous for a loaded machine)
     call_id = VLLM_ID if spec.startswith("vllm") else SGLANG_ID
     expected_args = json.dumps({"query": BIG_VALUE}, ensure_ascii=False)
     assert outcome(result) == (reasoning, content, [(call_id, "search", expected_args)], None)

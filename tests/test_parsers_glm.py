@@ -116,7 +116,7 @@ def test_one_megabyte_argument(spec: str, stream: bool) -> None:
     value = "y" * MEGABYTE
     started = time.monotonic()
     result = run(spec, CALL_OPEN + value + "</arg_value></tool_call>", stream)
-    assert time.monotonic() - started < 60  # hang guard: the real SGLang rescans its buffer on every delta
+    assert time.monotonic() - started < 300  # hang guard: the real SGLang rescans its buffer on every delta
     # SGLang 0.5.23 sends an empty non-streamed answer as "", 0.5.12 as null (serving_chat.py:2997 / 1190)
     content = "" if not stream and spec == "sglang@0.5.23" else None
     assert outcome(result) == ("R.", content, [("search", json.dumps({"query": value}))])
@@ -127,7 +127,7 @@ def test_one_megabyte_argument_cut_off_while_streaming(spec: str) -> None:
     value = "y" * MEGABYTE
     started = time.monotonic()
     result = run(spec, CALL_OPEN + value, True)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # hang guard
     # every engine streams the open value and never closes the JSON
     assert outcome(result) == ("R.", None, [("search", '{"query": "' + value)])
 

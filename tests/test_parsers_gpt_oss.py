@@ -183,7 +183,7 @@ def test_bad_input(spec: str, name: str, stream: bool) -> None:
     tools, _ = golden(spec)
     started = time.monotonic()
     result = run(spec, BAD_INPUTS[name], tools, stream=stream)
-    assert time.monotonic() - started < 120  # a hang guard, not a speed test
+    assert time.monotonic() - started < 300  # a hang guard, not a speed test
     if spec.startswith("vllm"):
         # vLLM tokenises: a lone surrogate becomes U+FFFD; text outside any message comes back as content
         expected = {

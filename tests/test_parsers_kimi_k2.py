@@ -129,7 +129,7 @@ def test_one_megabyte_call_is_parsed_whole_and_bounded() -> None:
             result = get_engine(spec).parse(
                 text, reasoning_parser="kimi_k2", tool_parser="kimi_k2", tools=TOOLS, stream=stream
             )
-            assert time.monotonic() - started < 60, (spec, stream)  # a hang guard: linear, about 5 s on 2 cores
+            assert time.monotonic() - started < 300, (spec, stream)  # a hang guard: linear, about 5 s on 2 cores idle
             assert outcome(result) == expected[spec][int(stream)], (spec, stream)
 
 

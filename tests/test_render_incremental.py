@@ -23,7 +23,7 @@ from conversations import CONVERSATIONS, TOOLS
 from engine.bench import clear_run_caches, long_session_script
 from engine.errors import ExplorerError, RenderError
 from engine.matrix import default_request, run_matrix
-from engine.models import load_model, model_ids
+from engine.models import load_model, load_spec, model_ids
 from engine.prefix import common_prefix
 from engine.render.jinja import JinjaRenderer
 from engine.session import (
@@ -35,8 +35,9 @@ from engine.session import (
     simulate_session,
 )
 
-JINJA_MODELS = [m for m in model_ids() if isinstance(getattr(load_model(m).renderer, "inner", load_model(m).renderer),
-                                                    JinjaRenderer)]
+# From the models' specs, not by loading each one: collecting the suite loads no tokenizer
+# (test_jinja_models_are_the_models_whose_loaded_renderer_is_jinja checks that both agree).
+JINJA_MODELS = [m for m in model_ids() if load_spec(m).renderer == "jinja"]
 # Outside the class, and why (the whole template renders in full); every other Jinja model memoises its loops.
 REFUSED = {"llama-3.1": "line 18 assigns `messages`"}
 # The main loop's body reads, by name, the list the template sliced from `messages` for it to iterate (GPT-OSS:
@@ -120,6 +121,12 @@ def assert_equal(wrappers: dict[str, Compared]) -> None:
     problems = [m for w in wrappers.values() for m in w.mismatches]
     assert problems == []
     assert all(w.compared for w in wrappers.values())
+
+
+def test_jinja_models_are_the_models_whose_loaded_renderer_is_jinja() -> None:
+    loaded = [m for m in model_ids() if isinstance(inner(m), JinjaRenderer)]
+    assert JINJA_MODELS == loaded
+    assert {"qwen3.6", "llama-3.1"} <= set(loaded) and "deepseek-v4" not in loaded
 
 
 def test_templates_outside_the_class_say_why() -> None:

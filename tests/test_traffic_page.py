@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import APP_RUN_BOUND_S
 from streamlit.testing.v1 import AppTest
 
 from engine.errors import ExplorerError
@@ -55,7 +56,7 @@ def test_store_reports_an_interrupted_upload(tmp_path: Path) -> None:
 def traffic(tmp_path, monkeypatch) -> AppTest:
     monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path / "workspace"))
     TraceStore(tmp_path / "workspace").add("sglang-0.5.23.log", (SAMPLES / "sglang-0.5.23.log").read_bytes())
-    at = AppTest.from_file(APP, default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
     at.run()
     at.switch_page("pages/traffic.py").run()
     assert not at.exception, [e.value for e in at.exception]

@@ -16,6 +16,7 @@ import pytest
 import tiktoken
 from stored import replace_stored
 
+from engine import sandbox
 from engine.assets import resolve_asset
 from engine.errors import AssetError, ExplorerError
 from engine.models import load_model, model_ids
@@ -102,12 +103,22 @@ def test_renders_of_different_templates_do_not_queue_behind_a_looping_one():
     outcome: list[str] = []
     stuck = threading.Thread(target=lambda: outcome.append(_error_of(looping)), daemon=True)
     stuck.start()
-    time.sleep(0.5)
+    # Once the looping render holds its own worker (its request is in, however loaded the machine is)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not _rendering(looping) and stuck.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _rendering(looping)
     # While the loop holds its own worker, the other template renders, without waiting for the time limit.
     assert good.render(BASIC, None, add_generation_prompt=False).text == "What's the weather in Paris today?"
     assert stuck.is_alive() and not outcome
     stuck.join(HANG_GUARD_S)
     assert outcome == ["loop.jinja for model qwen3.5+loop was stopped after 20.0 s (render time limit)"]
+
+
+def _rendering(renderer: SandboxedRenderer) -> bool:
+    """Whether a request of this renderer holds its worker now (the worker serves one request at a time)."""
+    worker = sandbox._pool.get((renderer.limits.memory_mb, renderer._worker_key))
+    return worker is not None and worker.lock.locked()
 
 
 def _error_of(renderer: SandboxedRenderer) -> str:
