@@ -163,7 +163,8 @@ _WORKERS_LOCK = threading.Lock()
 
 @functools.lru_cache(maxsize=64)
 def _dependencies(engine: str, version: str, offline: bool, cache: Path) -> fetch.Dependencies:
-    # once per release and cache folder: the worker runs these, and the result cache's key names them
+    # once per release and cache folder while workers live (stop_workers forgets them): the worker runs these, and
+    # the result cache's key names them
     return fetch.dependency_sources(engine, version, offline=offline)
 
 
@@ -225,6 +226,8 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
 
 
 def stop_workers() -> None:
+    """Stop every worker; the next one of a release reads its dependencies afresh (a newer one may be cached now)."""
+    _dependencies.cache_clear()
     with _WORKERS_LOCK:
         while _WORKERS:
             _WORKERS.popitem()[1].stop()
