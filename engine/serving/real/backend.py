@@ -207,19 +207,21 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
     and nothing is kept."""
     spec = f"{engine}@{version}"
     cache = result_cache() if persisted_results_enabled() else None
-    key = None
-    if cache is not None and fetch.cached_wheel_sha256(spec) is not None:
+
+    def key_of_job() -> str | None:  # None while the release's sources are not in the engine cache
+        if fetch.cached_wheel_sha256(spec) is None:
+            return None
         fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
-        if fingerprint is not None:
-            key = fingerprint.key(job)
-            reply = cache.get(spec, key)
-            if reply is not None:
-                return reply
+        return fingerprint.key(job) if fingerprint is not None else None
+
+    key = key_of_job() if cache is not None else None
+    if cache is not None and key is not None:
+        reply = cache.get(spec, key)
+        if reply is not None:
+            return reply
     reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
     if cache is not None and _deterministic(reply):
-        if key is None:  # the sources were fetched just now
-            fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
-            key = fingerprint.key(job) if fingerprint is not None else None
+        key = key or key_of_job()  # the sources may have been fetched just now
         if key is not None:
             cache.put(spec, key, reply)
     return reply
@@ -238,6 +240,7 @@ atexit.register(stop_workers)
 
 # id(tokenizer backend) -> (that backend, its vocabulary); the backend is held so that its id is not reused
 _VOCABS: dict[int, tuple[Any, AddedVocab | None]] = {}
+MAX_VOCABS = 64
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,8 @@ class AddedVocab:
         if known is not None and known[0] is backend:
             return known[1]
         vocab = cls._read(inner, backend)
+        if len(_VOCABS) >= MAX_VOCABS:  # uploads bring tokenizers of their own to a long-lived server
+            _VOCABS.clear()
         _VOCABS[id(backend)] = (backend, vocab)
         return vocab
 

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -124,11 +123,7 @@ class ResultCache:
         path = self._path(spec, key)
         entry = _canonical({"key": key, "reply": reply, "sha256": hashlib.sha256(_canonical(reply)).hexdigest()})
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(entry)
-            os.replace(tmp, path)
+            fetch.write_atomic(path, entry)
         except OSError:
             pass  # a read-only or full cache only costs the next run a worker call
 
