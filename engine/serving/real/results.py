@@ -7,7 +7,7 @@ matrix starts no worker at all.
 
 Layout, beside the sources in the engine cache (`fetch.cache_dir()`):
 
-    results/<engine>@<version>/<key[:2]>/<key>.json   {"key": key, "reply": {...}, "sha256": sha256(reply)}
+    results/<engine>@<version>/<key[:2]>/<key>.json   {"key": key, "sha256": of the reply's bytes, "reply": {...}}
 
 An entry whose key or sha256 does not match what it holds (a torn write, a tampered file) is not trusted: it is
 deleted and the job asked again. Only what the release's code answered (a result, or its own refusal of the job) is
@@ -78,6 +78,31 @@ def release_fingerprint(spec: str, dependencies: fetch.Dependencies) -> ReleaseF
     return ReleaseFingerprint(spec, wheel_sha256, tuple(sorted(s.spec for s in dependencies.real.values())))
 
 
+def _entry(key: str, body: bytes) -> bytes:
+    """An entry's bytes: the JSON object {"key", "sha256", "reply"} with the reply's own bytes last, so that a read
+    checks the hash over those bytes and parses them once (no second serialization)."""
+    return _entry_head(key, hashlib.sha256(body).hexdigest()) + body + b"}"
+
+
+def _entry_head(key: str, sha256: str) -> bytes:
+    return b'{"key":"' + key.encode() + b'","sha256":"' + sha256.encode() + b'","reply":'
+
+
+def _verified_reply(raw: bytes, key: str) -> dict | None:
+    """The reply an entry holds, or None when the entry is not exactly what `_entry` wrote for `key` (torn, edited,
+    rewritten in another layout, or another key's)."""
+    start = len(_entry_head(key, "0" * 64))  # a sha256 is 64 hex digits: the head's length is the key's alone
+    body = raw[start:-1]
+    if len(raw) <= start or not raw.endswith(b"}") or raw[:start] != _entry_head(key,
+                                                                               hashlib.sha256(body).hexdigest()):
+        return None
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
 class ResultCache:
     """Answers by key: memory first, then the files under `folder` (checked by hash on every read)."""
 
@@ -99,17 +124,14 @@ class ResultCache:
                 return reply
         path = self._path(spec, key)
         try:
-            entry = json.loads(path.read_bytes())
+            raw = path.read_bytes()
         except FileNotFoundError:
-            entry = None
-        except (OSError, ValueError):
-            entry = {}  # unreadable: rejected below
-        if entry is None:
             self.misses += 1
             return None
-        reply = entry.get("reply") if isinstance(entry, dict) else None
-        if (not isinstance(reply, dict) or entry.get("key") != key
-                or entry.get("sha256") != hashlib.sha256(_canonical(reply)).hexdigest()):
+        except OSError:
+            raw = b""  # unreadable: rejected below
+        reply = _verified_reply(raw, key)
+        if reply is None:
             self.rejected += 1
             self.misses += 1
             path.unlink(missing_ok=True)
@@ -120,10 +142,8 @@ class ResultCache:
 
     def put(self, spec: str, key: str, reply: dict) -> None:
         self._remember(key, reply)
-        path = self._path(spec, key)
-        entry = _canonical({"key": key, "reply": reply, "sha256": hashlib.sha256(_canonical(reply)).hexdigest()})
         try:
-            fetch.write_atomic(path, entry)
+            fetch.write_atomic(self._path(spec, key), _entry(key, _canonical(reply)))
         except OSError:
             pass  # a read-only or full cache only costs the next run a worker call
 
