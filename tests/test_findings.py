@@ -180,7 +180,7 @@ ROWS = [
     ('minimax-m2.7', 'tool-call', 'sglang@0.5.23', 'holds', None),
     ('minimax-m2.7', 'tool-call', 'sglang@0.5.12', 'holds', None),
     ('minimax-m2.7', 'args-serialization', 'raw', 'holds', None),
-    ('minimax-m2.7', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser reasoning-dropped serving layer:0'),
+    ('minimax-m2.7', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser reasoning-dropped vllm/reasoning/minimax_m2_reasoning_parser.py:61'),
     ('minimax-m2.7', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/minimax_m2.py:194'),
     ('minimax-m2.7', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/minimax_m2.py:193'),
     ('minimax-m2.7', 'client-drops-reasoning', 'raw', 'breaks', 'client client-dropped-field scenarios/client-drops-reasoning.yaml:6'),

@@ -100,8 +100,10 @@ def test_every_primary_location_contains_the_construct_its_kind_names(broken) ->
             assert all(name in span for name in names), (where, names - set(re.findall(r"\w+", span)))
             checked += 1
         elif cause.stage == "parser":
-            # The edit the engine recorded at that location, with the model's text before and the engine's after.
+            # The edit the engine recorded at that location, with the model's text before and the engine's after; the
+            # location is a line the release executed (never a placeholder without a line).
             assert cause.edit is not None and str(cause.edit.location) == str(cause.location), where
+            assert primary.line > 0 and primary.path != "serving layer", where
             assert cause.edit.before != cause.edit.after, where
             if cause.kind == "reasoning-trimmed":
                 assert cause.edit.before.strip() == cause.edit.after.strip() != "", where

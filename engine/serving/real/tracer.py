@@ -6,9 +6,10 @@ the frame's string locals with their values at the previous line of that frame a
 into one that held None (`reasoning_text, text, ... = parse(...)`, `x = text.strip()` on its first assignment), is a
 "set" edit (no before), and so is a string made inside a call's arguments on an engine line or inside a return
 expression (`return x.strip()`, `Result(text=y.strip())`). Non-string edits (a dropped call, `None`, a type change)
-are recorded as type changes of a local. Python 3.11 has no sys.monitoring; the cost is a few milliseconds a parse
-for SGLang and vLLM <= 0.20, tens for vLLM's parser engine (>= 0.21): the backend traces by default only where it
-is cheap (RealEngine.traces_cheaply).
+are recorded as type changes of a local. The last MAX_EDITS edits are kept, and of the older ones those whose text is
+a piece of the model's (the reasoning parser's, before a tool parser's thousands). Python 3.11 has no sys.monitoring;
+the cost is a few milliseconds a parse for SGLang and vLLM <= 0.20, tens for vLLM's parser engine (>= 0.21): the
+backend traces by default only where it is cheap (RealEngine.traces_cheaply).
 """
 
 from __future__ import annotations
@@ -19,14 +20,40 @@ from pathlib import Path
 from typing import Any
 
 MAX_EDITS = 5000  # the most recent are kept: the last edits are the ones that made the response
+MAX_FIELD_EDITS = 5000  # and, of the older ones, those that touch the model's text (its reasoning, its content)
 
 
 class Tracer:
-    def __init__(self, root: str) -> None:
+    """`text`: the model text the parse is given. Past MAX_EDITS edits, an older edit is kept when its text is a piece
+    of the model's (a parser's tool-call loop makes thousands of edits after the reasoning parser made the one that
+    decided the reasoning)."""
+
+    def __init__(self, root: str, text: str | None = None) -> None:
         self.root = root
+        self.text = text or ""
         self.lines: set[tuple[str, int]] = set()
         self.edits: deque[dict] = deque(maxlen=MAX_EDITS)
+        self.field_edits: list[dict] = []
+        self._count = 0
         self._last: dict[int, tuple[int, dict[str, Any]]] = {}
+
+    def _record(self, edit: dict) -> None:
+        edit["seq"] = self._count
+        self._count += 1
+        if len(self.edits) == MAX_EDITS:
+            oldest = self.edits[0]
+            if len(self.field_edits) < MAX_FIELD_EDITS and (self._touches(oldest["after"])
+                                                             or self._touches(oldest["before"])):
+                self.field_edits.append(oldest)
+        self.edits.append(edit)
+
+    def _touches(self, value: Any) -> bool:
+        """Whether a string shares a piece with the model's text: 16 characters of its start, middle or end are in
+        it (shorter strings are too common to tell)."""
+        if not isinstance(value, str) or len(value) < 8 or not self.text:
+            return False
+        width = min(16, len(value))
+        return any(value[i:i + width] in self.text for i in (0, (len(value) - width) // 2, len(value) - width))
 
     def _snapshot(self, frame) -> dict[str, Any]:
         return {k: v for k, v in frame.f_locals.items() if isinstance(v, (str, type(None), list, dict, tuple))}
@@ -43,16 +70,16 @@ class Tracer:
                     if old is value:
                         continue
                     if isinstance(value, str) and value and (old is _MISSING or old is None):
-                        self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                           "before": None, "after": value[:200], "kind": "set"})
+                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                                      "before": None, "after": value[:200], "kind": "set"})
                     elif old is _MISSING:
                         continue
                     elif isinstance(value, str) and isinstance(old, str) and old != value:
-                        self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                           "before": old[:200], "after": value[:200], "kind": "string"})
+                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                                      "before": old[:200], "after": value[:200], "kind": "string"})
                     elif type(old) is not type(value) and (old is None or value is None or isinstance(old, str)):
-                        self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                           "before": repr(old)[:200], "after": repr(value)[:200], "kind": "type"})
+                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                                      "before": repr(old)[:200], "after": repr(value)[:200], "kind": "type"})
             if event == "line":
                 self.lines.add((frame.f_code.co_filename, frame.f_lineno))
                 self._last[key] = (frame.f_lineno, now)
@@ -69,8 +96,8 @@ class Tracer:
         kept = {id(v) for v in held.values()}
         for item in items:
             if isinstance(item, str) and item and id(item) not in kept:
-                self.edits.append({"file": frame.f_code.co_filename, "line": line, "variable": what, "before": None,
-                                   "after": item[:200], "kind": "set"})
+                self._record({"file": frame.f_code.co_filename, "line": line, "variable": what, "before": None,
+                              "after": item[:200], "kind": "set"})
 
     def _global(self, frame, event: str, arg: Any):
         caller = frame.f_back
@@ -102,7 +129,9 @@ class Tracer:
         lines: dict[str, list[int]] = {}
         for path, line in sorted(self.lines):
             lines.setdefault(rel(path), []).append(line)
-        return {"lines": lines, "edits": [{**e, "file": rel(e["file"])} for e in self.edits]}
+        kept = sorted({e["seq"]: e for e in [*self.field_edits, *self.edits]}.values(), key=lambda e: e["seq"])
+        return {"lines": lines, "edits": [{**{k: v for k, v in e.items() if k != "seq"}, "file": rel(e["file"])}
+                                          for e in kept]}
 
 
 _MISSING = object()

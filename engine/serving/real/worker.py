@@ -204,7 +204,7 @@ class Worker:
         if job.get("trace"):
             from engine.serving.real.tracer import Tracer
 
-            tracer = Tracer(str(self.root))
+            tracer = Tracer(str(self.root), job.get("text"))
         started = time.perf_counter()
         self.touches.armed = True
         try:
