@@ -8,10 +8,14 @@ runs the simulator itself), and names the one whose undo makes the boundary hold
   - client: the scenario's client setting, replaced by a client that echoes everything;
   - template: each construct the template (or encoder) ran for the messages whose rendering broke (a filter or string
     method on their fields, a condition, a re-printed value, markup), undone from the broken message on
-    (engine.render.constructs); conditions on one kwarg also together, everywhere.
-Among the undos that keep the prefix, the smallest change to the next prompt wins. The construct is the primary
-location; the line that emitted the differing character comes second. A break that no undo moves is blamed on the
-emitting construct, and the proof says that nothing else moved it.
+    (engine.render.constructs); conditions on one kwarg also together, everywhere. The value's path through the
+    template's bindings too: each `set` (plain, `namespace` attribute, an encoder's assignment) and each argument of
+    a macro call, had it assigned the model's own text, or, for a number computed for a message, that message's
+    index (an index off by one upstream, not the condition that reads it).
+Among the undos that keep the prefix, the smallest change to the next prompt wins; along the value's path, the
+construct furthest upstream. The construct is the primary location; the line that emitted the differing character
+comes second. A break that no undo moves is blamed on the emitting construct, and the proof says that nothing else
+moved it.
 Fix hints are re-run too, and ranked: a switch that keeps the prompt the model answered, the client setting, other
 versions of the same engine, the append-only bridge, and only then a switch that changes what the model is asked to
 do (turning reasoning off), saying so.
@@ -19,6 +23,7 @@ do (turning reasoning off), saying so.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable
@@ -27,6 +32,7 @@ from typing import Any
 
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
+from engine.render.constructs import substitution_key
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
 from engine.serving.spec import EngineSpec
 from engine.types import (
@@ -70,10 +76,17 @@ class _Trial:
 
 
 def _change_size(a: str, b: str) -> int:
+    """How many characters of `a` and `b` differ: outside their common prefix and suffix, and within what is left
+    (when short) only the characters a diff does not match (two newlines put around a marker are 2, not the marker's
+    length twice)."""
     start = common_prefix(a, b)
     a, b = a[start:], b[start:]
     end = common_prefix(a[::-1], b[::-1])
-    return len(a) + len(b) - 2 * end
+    a, b = a[:len(a) - end], b[:len(b) - end]
+    if 0 < len(a) + len(b) <= 400:
+        matched = sum(block.size for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+        return len(a) + len(b) - 2 * matched
+    return len(a) + len(b)
 
 
 def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _Trial | None:
@@ -417,9 +430,12 @@ def _emitting_line(boundary: Boundary) -> int:
     if pos < 0:
         return 0
     # A break at the first character of an output chunk means the chunk before it ended early (a branch that left
-    # something out): the line that emitted that chunk.
+    # something out): the line that emitted that chunk; unless the next prompt has characters of its own there (then
+    # that chunk put them in, or put them in place of the model's).
     if 0 < pos < len(rendered.text) and rendered.source_line[pos] != rendered.source_line[pos - 1]:
-        pos -= 1
+        aligned = _alignment(boundary.prev_text, rendered.text, at)
+        if aligned is None or not aligned[0]:
+            pos -= 1
     return rendered.source_line[pos]
 
 
@@ -444,7 +460,8 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
             base = again
     found = _template_counterfactual(base, context, rerun, emit_line)
     if found is not None:
-        trial, found_locations, construct_kind, how, whitespace_change = found
+        trial, found_locations, construct_kind, how, whitespace_change = (
+            found.trial, found.locations, found.construct_kind, found.how, found.whitespace_change)
         location = found_locations[0]
         kind = _template_kind(boundary, construct_kind, whitespace_change, _written_fields(boundary, context))
         locations = found_locations if any(_same_place(loc, emit_location) for loc in found_locations) else (
@@ -469,12 +486,26 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
     )
 
 
+@dataclass(frozen=True)
+class _Counterfactual:
+    """The template construct blamed: the re-run that proved it, its locations (the construct first), its kind
+    ("op:trim", "condition:if", "set:argument", ...), how it was undone, whether it only changed whitespace ("trim",
+    "normalise", ""), and the change itself."""
+
+    trial: _Trial
+    locations: tuple[Location, ...]
+    construct_kind: str
+    how: str
+    whitespace_change: str
+    change: UndoTemplate
+
+
 def _same_place(a: Location, b: Location) -> bool:
     return a.path == b.path and a.line <= b.line <= (a.end_line or a.line)
 
 
 def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: Rerun, emit_line: int
-                             ) -> tuple[_Trial, tuple[Location, ...], str, str, str] | None:
+                             ) -> _Counterfactual | None:
     renderer = context.model.renderer
     table_of = getattr(renderer, "construct_table", None)
     counterfactual = getattr(renderer, "render_counterfactual", None)
@@ -492,15 +523,29 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     table = table_of()
     constructs = table.constructs
     ran: dict[int, list] = {}
-    for evaluation in evaluations:
+    order: dict[int, int] = {}  # each construct's first run for the broken message: upstream runs first
+    for position, evaluation in enumerate(evaluations):
         if evaluation.message >= undo_from:
             ran.setdefault(evaluation.construct, []).append(evaluation)
+        if evaluation.message == target:
+            order.setdefault(evaluation.construct, position)
     groups = _candidate_groups(constructs, ran, emit_line)
     # Reasoning missing at the break: a branch left it out, far more often than a transform (conditions first, and
     # the first one whose flip keeps the prefix is the cause).
     reasoning_lost = _reasoning_lost_at_break(boundary)
     if reasoning_lost:
         groups.sort(key=lambda group: group[0].kind != "condition")
+    # The value's path through the template's bindings (`set`, a macro's parameter), each tried whatever else holds:
+    # a number that is not the index of the message it was computed for, a text that is not what the model wrote.
+    path = [((constructs[ident],), change) for ident, change in _index_bindings(evaluations, constructs)]
+    reprinting = _reprinting_ops(boundary, ran, constructs)
+    for ident in reprinting:
+        if constructs[ident].kind == "set":
+            change = _reprinted_as_written(boundary, rerun, ran, constructs, ident, undo_from)
+            if change is not None:
+                path.append(((constructs[ident],), change))
+    path += [((constructs[ident],), change)
+             for ident, change in _emptied_bindings(boundary, ran, constructs, undo_from, emit_line, target)]
     candidates = [(group, UndoTemplate(undo_from, frozenset(c.id for c in group), base=boundary))
                   for group in groups if group[0].kind != "output"]
     # Every condition on one template switch (a kwarg such as drop_thinking tested in several places, also outside
@@ -511,7 +556,9 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
             candidates.append((part, UndoTemplate(-1, frozenset(c.id for c in part), base=boundary)))
     # An op that printed a value anew (`|tojson`, `to_json`, a variable set above): had it printed the model's own
     # text for each value. An output of the template's own markup: had it printed what the model wrote there.
-    for ident in _reprinting_ops(boundary, ran, constructs):
+    for ident in reprinting:
+        if constructs[ident].kind == "set":
+            continue  # tried above, on the value's path
         change = _reprinted_as_written(boundary, rerun, ran, constructs, ident, undo_from)
         if change is not None:
             candidates.append(((constructs[ident],), change))
@@ -522,6 +569,10 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                    for group in groups if group[0].kind == "output"]
     lines = renderer.source_lines()
     trials = []
+    for group, change in path:
+        trial = _trial(rerun, change, boundary)
+        if trial is not None and trial.common > boundary.string_prefix.common:
+            trials.append((trial, group, change))
     holding = 0
     for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
         trial = _trial(rerun, change, boundary)
@@ -535,21 +586,44 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                 break
     if not trials:
         return None
+    # Texts bound upstream (a `set`, an assignment of the encoder) that hold the break.
+    at = boundary.string_prefix.common
+    bound = [value for ident, runs in ran.items() if constructs[ident].kind == "set"
+             for value in _printed(constructs[ident], runs)
+             if len(value) > 1 and _covering([value], boundary.next_prompt.text, at) is not None]
 
     def rank(item: tuple) -> tuple:
         trial, group, change = item
+        head = group[0]
         distance = min(abs(c.line - emit_line) for c in group)
-        # A construct that transforms the model's text, then one printing it anew, then markup printed in place of
-        # what the model wrote, then a branch taken, then an output left out.
-        priority = {"op": 0, "condition": 3, "output": 4}[group[0].kind]
-        if change.substitute:
-            priority = 1 if group[0].kind == "op" or group[0].receiver else 2
+        # A construct that transforms the model's text (or a number that is not its message's index), then a binding
+        # or op printing it anew (the furthest upstream first), then markup printed in place of what the model wrote,
+        # then a branch taken, then an output left out.
+        priority = {"op": 0.0, "set": 1.0, "condition": 3.0, "output": 4.0}[head.kind]
+        if head.kind == "set" and not _substitutes_text(change):
+            priority = 0.5
+        elif head.kind == "set":
+            if any(_builds_markup(printed, boundary) for _, printed, _ in change.substitute):
+                # A binding that builds the template's markup around the model's text: after a branch that holds,
+                # before an output it only passes through.
+                priority = 3.4
+            elif all(written.endswith(printed) and len(written) > len(printed)
+                     for _, printed, written in change.substitute) and not _model_field_at(boundary):
+                priority = 5.0  # text put before the value, outside what the model wrote: not the value's
+        elif change.substitute:
+            priority = 1.0 if head.kind == "op" or head.receiver else 2.0
+            if priority == 2.0 and any(value in printed for _, printed, _ in change.substitute for value in bound):
+                # The markup at the break was built upstream (a binding holds it) and only passes through this output
+                # (a whole message's): after a branch that holds.
+                priority = 3.5
             if all(written.endswith(printed) and len(written) > len(printed)
                    for _, printed, written in change.substitute):
                 # Only text put before a value that starts at the break: the output before it ended early.
-                priority = 5
-        # Holding first; among those the smallest change to the next prompt, then the construct class, the nearest.
-        return (not trial.holds, trial.change_size if trial.holds else -trial.common, priority, distance)
+                priority = 5.0
+        # Along the value's path the upstream construct comes first; elsewhere the nearest the emitting line.
+        where = order.get(head.id, len(evaluations)) if priority in (0.5, 1.0) else distance
+        # Holding first; among those the smallest change to the next prompt, then the construct class, the place.
+        return (not trial.holds, trial.change_size if trial.holds else -trial.common, priority, where)
 
     ranked = sorted(trials, key=rank)
     best = ranked[0]
@@ -576,38 +650,174 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     first, last = min(c.line for c in close), max(c.end_line for c in close)
     text = head.description if head.kind != "condition" else f"{head.description} (line {head.line})"
     source = lines[head.line - 1].strip() if 0 < head.line <= len(lines) else ""
-    origin, path = boundary.next_prompt.origin, boundary.next_prompt.source_path
-    location = Location(origin, path, first, last if last != first else None, text=text or source)
+    origin, path_name = boundary.next_prompt.origin, boundary.next_prompt.source_path
+    location = Location(origin, path_name, first, last if last != first else None, text=text or source)
+    pairs = [(value, written) for _, value, written in change.substitute
+             if isinstance(value, str) and isinstance(written, str)]
+    if head.kind == "set":
+        how = (f"{head.description} assigning the model's own text for {len(pairs)} value(s)" if pairs else
+               f"{head.description} assigning {_index_words(change)}")
+        # A binding that builds markup around the model's text changed the template's scaffolding, not the text.
+        name = "markup" if any(_builds_markup(value, boundary) for value, _ in pairs) else head.name
+        return _Counterfactual(trial, (location,), f"set:{name}", how, _whitespace_change(pairs), change)
     if head.kind == "output" and change.substitute:
-        # A variable printed here was computed by a `set` above: that assignment is the construct.
+        # A variable printed here was computed by a `set` above: that assignment is the construct; the one that ran
+        # last before this output for the broken message, where the bindings were recorded.
+        printed_at = order.get(head.id, len(evaluations))
+        assigned = [constructs[e.construct] for e in evaluations[:printed_at]
+                    if e.message == target and constructs[e.construct].kind == "set"
+                    and constructs[e.construct].receiver in head.names]
+        if assigned:
+            binding = assigned[-1]
+            binding_location = Location(origin, path_name, binding.line,
+                                        binding.end_line if binding.end_line != binding.line else None,
+                                        text=binding.description)
+            name = "markup" if any(_builds_markup(value, boundary) for value, _ in pairs) else "set"
+            return _Counterfactual(trial, (binding_location, location), f"set:{name}",
+                                   f"{head.description} printing the model's own text", _whitespace_change(pairs),
+                                   change)
         set_lines = [line for name in head.names for line in table.assigned_at.get(name, ()) if line <= head.line]
         if set_lines:
             line = max(set_lines)
             set_text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-            pairs = [(value, written) for _, value, written in change.substitute]
-            return (trial, (Location(origin, path, line, text=set_text), location), "op:set",
-                    f"{head.description} printing the model's own text", _whitespace_change(pairs))
-    others = tuple(Location(origin, path, c.line, c.end_line if c.end_line != c.line else None, text=c.description)
+            return _Counterfactual(trial, (Location(origin, path_name, line, text=set_text), location), "op:set",
+                                   f"{head.description} printing the model's own text", _whitespace_change(pairs),
+                                   change)
+    others = tuple(Location(origin, path_name, c.line, c.end_line if c.end_line != c.line else None,
+                            text=c.description)
                    for c in group if c not in close)
     scope = "everywhere" if change.message == -1 else "from the broken message on"
     how = (f"{location.text} printing the model's own text for {len(change.substitute)} value(s)"
            if change.substitute else " and ".join(c.description for c in group) + f" undone {scope}")
     changes_seen = [(r.before, r.after) for c in group for r in ran.get(c.id, ())
                     if isinstance(r.before, str) and isinstance(r.after, str) and r.before != r.after]
-    return trial, (location, *others), f"{head.kind}:{head.name}", how, _whitespace_change(changes_seen)
+    return _Counterfactual(trial, (location, *others), f"{head.kind}:{head.name}", how,
+                           _whitespace_change(changes_seen), change)
 
 
-def _covering(results: list[str], text: str, at: int) -> tuple[str, int] | None:
-    """A printed result whose occurrence in `text` holds character `at`, with that occurrence's start."""
+def _builds_markup(value: str, boundary: Boundary) -> bool:
+    """Whether a bound text holds markup of the template's besides the model's own text (`<｜DSML｜parameter
+    name="city" string="true">Paris</｜DSML｜parameter>`, not `Paris`)."""
+    rest = value
+    for text in sorted(_model_texts(boundary), key=len, reverse=True):
+        if text:
+            rest = rest.replace(text, "")
+    return any(mark in rest for mark in "<>[]|")
+
+
+def _model_texts(boundary: Boundary) -> list[str]:
+    """The model's fields as the engine returned them: reasoning, content, and each argument's value."""
+    texts = [boundary.parse.reasoning or "", boundary.parse.content or ""]
+    for call in boundary.parse.tool_calls:
+        arguments = _json_or_none(call.arguments)
+        if isinstance(arguments, dict):
+            texts += [value if isinstance(value, str) else json.dumps(value) for value in arguments.values()]
+        texts.append(call.name or "")
+    return texts
+
+
+def _substitutes_text(change: UndoTemplate) -> bool:
+    return any(isinstance(written, str) for _, _, written in change.substitute)
+
+
+def _index_words(change: UndoTemplate) -> str:
+    """"3 instead of 4, …" for a binding's numbers substituted by their messages' indices."""
+    def number(key: object) -> str:
+        return str(key).rpartition(":")[2]
+
+    return ", ".join(f"{index} instead of {number(key)}" for _, key, index in change.substitute[:3]) + (
+        " (the index of the message it was computed for)")
+
+
+def _index_bindings(evaluations: list, constructs) -> list[tuple[int, UndoTemplate]]:
+    """Bindings of a number computed while the template rendered a message, one or two off that message's own index
+    (its place in the conversation, or in the list the loop runs over: `loop.index0`): had each been that index. An
+    index off by one in a loop over the messages (`set ns.last_user_index = loop.index0 + 1`) drops a turn's
+    reasoning at a condition far below; the binding is the construct, the condition only reads it."""
+    by_target: dict[tuple[int, str], dict[str, int]] = {}
+    conflicting: set[tuple[int, str]] = set()
+    for evaluation in evaluations:
+        construct = constructs[evaluation.construct]
+        value = evaluation.before
+        if construct.kind != "set" or evaluation.message < 0 or type(value) is not int:
+            continue
+        for what, index in (("message", evaluation.message), ("loop", evaluation.after)):
+            if type(index) is not int or not 0 < abs(index - value) <= 2:
+                continue
+            key = (construct.id, what)
+            mapping = by_target.setdefault(key, {})
+            value_key = substitution_key(value)
+            if mapping.get(value_key, index) != index:
+                conflicting.add(key)
+            mapping[value_key] = index
+    return [(ident, UndoTemplate(-1, substitute=tuple((ident, k, v) for k, v in mapping.items())))
+            for (ident, what), mapping in by_target.items() if (ident, what) not in conflicting]
+
+
+def _emptied_bindings(boundary: Boundary, ran: dict[int, list], constructs, undo_from: int, emit_line: int,
+                      target: int) -> list[tuple[int, UndoTemplate]]:
+    """Where the next prompt lacks exactly one field the model wrote (its reasoning, its content) and goes on as the
+    previous sequence does after it: each binding, and each printed variable on the emitting line, that held "" for
+    the broken message, had it held that field instead."""
+    prev, nxt, at = boundary.prev_text, boundary.next_prompt.text, boundary.string_prefix.common
+    aligned = _alignment(prev, nxt, at)
+    if aligned is None or aligned != (0, aligned[1]) or aligned[1] == 0:
+        return []
+    written = prev[at:at + aligned[1]]
+    if not any(written.strip() and written.strip() == value.strip() for value in _field_text(boundary).values()):
+        return []
+    found = []
+    for ident, runs in ran.items():
+        construct = constructs[ident]
+        empty = any(r.message == target and r.before == "" for r in runs)
+        if empty and (construct.kind == "set" or (construct.kind == "output" and construct.receiver
+                                                  and construct.line == emit_line)):
+            found.append((ident, UndoTemplate(undo_from, substitute=((ident, "", written),), base=boundary)))
+    return found
+
+
+def _alignment(prev: str, nxt: str, at: int, width: int = 24) -> tuple[int, int] | None:
+    """(d, e) with the smallest d + e such that the next prompt after its d characters from the break, and the previous
+    sequence after its e characters from the break, agree again (for `width` characters, or to the previous
+    sequence's end): d characters the next prompt has there instead of e the previous sequence has."""
+    best: tuple[int, int] | None = None
+    for d in range(0, 65):
+        if best is not None and d >= sum(best):
+            break
+        piece = nxt[at + d:at + d + width]
+        if not piece:
+            break
+        e = prev.find(piece, at, at + 4000 + width) - at if len(piece) == width else -1
+        if e < 0:  # the previous sequence ends within `width`: its tail must start the next prompt's rest
+            e = next((e for e in range(max(0, len(prev) - at - width + 1), len(prev) - at)
+                      if nxt.startswith(prev[at + e:], at + d)), -1)
+        if e >= 0 and (best is None or d + e < sum(best)):
+            best = (d, e)
+    return best
+
+
+def _covering(results: list[str], text: str, at: int, ending: bool = False) -> tuple[str, int] | None:
+    """A printed result whose occurrence in `text` holds character `at` (or, `ending`, ends right before it), with
+    that occurrence's start."""
     for result in results:
-        start = text.find(result, max(0, at - len(result) + 1))
-        if 0 <= start <= at < start + len(result):
+        start = text.find(result, max(0, at - len(result) + (0 if ending else 1)))
+        if 0 <= start <= at < start + len(result) + ending:
             return result, start
     return None
 
 
+def _cut_from_field(boundary: Boundary) -> bool:
+    """Whether the next prompt only lacks, at the break, characters of a field the model wrote (a value assigned
+    with its end cut off then ends right before the break)."""
+    aligned = _alignment(boundary.prev_text, boundary.next_prompt.text, boundary.string_prefix.common)
+    return aligned is not None and aligned[0] == 0 and aligned[1] > 0 and _model_field_at(boundary)
+
+
 def _printed(construct, runs: list) -> list[str]:
-    """What an op returned, or an output of a variable printed, where it differs from its input."""
+    """What an op returned, or an output of a variable printed, where it differs from its input; what a binding
+    assigned."""
+    if construct.kind == "set":
+        return [r.before for r in runs if isinstance(r.before, str) and r.before]
     if construct.kind == "op":
         return [r.after for r in runs if isinstance(r.after, str) and len(r.after) > 1 and r.before != r.after]
     if construct.kind == "output" and construct.receiver:  # a bare variable, not markup
@@ -618,8 +828,10 @@ def _printed(construct, runs: list) -> list[str]:
 def _reprinting_ops(boundary: Boundary, ran: dict[int, list], constructs) -> list[int]:
     """Ops (and outputs of variables) whose printed result holds the first differing character of the next prompt."""
     at = boundary.string_prefix.common
+    cut = _cut_from_field(boundary)
     return [ident for ident, runs in ran.items()
-            if _covering(_printed(constructs[ident], runs), boundary.next_prompt.text, at) is not None]
+            if _covering(_printed(constructs[ident], runs), boundary.next_prompt.text, at,
+                         ending=cut and constructs[ident].kind == "set") is not None]
 
 
 def _written_in_place(prev: str, nxt: str, start: int, printed: str, at: int) -> str | None:
@@ -629,10 +841,16 @@ def _written_in_place(prev: str, nxt: str, start: int, printed: str, at: int) ->
     best_end, best = None, -1
     for end in range(at, min(len(prev), at + len(printed) + 8) + 1):
         score = common_prefix(prev[end:end + 40], after) if after else 0
-        if score > best or (end == len(prev) and best <= 0):
+        if after and end < len(prev) and score == min(40, len(prev) - end, len(after)):
+            # The previous sequence goes on exactly as the next prompt does (to its end, where the model stopped).
+            return prev[start:end]
+        if score > best:
             best_end, best = end, score
-    if best_end is None or (best <= 0 and best_end != len(prev)):
-        return None
+    # Else the end with the longest agreement; a few characters that happen to agree (`<|im` of `<|im_end|>` and
+    # `<|im_start|>`) count for less than the model's text running out (what it wrote last is all it wrote there).
+    if best_end is None or best < 8:
+        return prev[start:] if len(prev) <= at + len(printed) + 8 else (
+            prev[start:best_end] if best_end is not None and best > 0 else None)
     return prev[start:best_end]
 
 
@@ -673,7 +891,8 @@ def _reprinted_as_written(boundary: Boundary, rerun: Rerun, ran: dict[int, list]
     current, change = boundary, None
     for _ in range(rounds):
         at = current.string_prefix.common
-        covered = _covering([r for r in results if r not in substitute], current.next_prompt.text, at)
+        covered = _covering([r for r in results if r not in substitute], current.next_prompt.text, at,
+                            ending=constructs[ident].kind == "set" and _cut_from_field(current))
         if covered is None:
             break
         result, start = covered
@@ -708,7 +927,7 @@ def _candidate_groups(constructs, ran: dict[int, list], emit_line: int) -> list[
                     ops.append(twins)
         elif construct.kind == "condition":
             conditions.append((construct,))
-        elif any(r.before not in ("", None) for r in runs):
+        elif construct.kind == "output" and any(r.before not in ("", None) for r in runs):
             outputs.append((construct,))
 
     def distance(group: tuple) -> tuple[int, int]:
@@ -750,7 +969,7 @@ def _template_kind(boundary: Boundary, construct_kind: str, whitespace_change: s
     at = boundary.string_prefix.common
     kind, _, name = construct_kind.partition(":")
     reasoning_lost = _reasoning_lost_at_break(boundary)
-    if reasoning_lost and (kind in ("condition", "output") or name in ("split", "rsplit")):
+    if reasoning_lost and (kind in ("condition", "output", "set") or name in ("split", "rsplit")):
         return "reasoning-dropped"
     if (boundary.completion.truncated and at >= len(prev) - 1) or _close_inserted(prev, nxt, at):
         return "close-inserted"
@@ -758,7 +977,7 @@ def _template_kind(boundary: Boundary, construct_kind: str, whitespace_change: s
         return "call-id-renumbered"
     a, b = prev[at:at + 1], nxt[at:at + 1]
     whitespace_at_break = (a.isspace() or not a) or (b.isspace() or not b)
-    if kind == "op":
+    if kind == "op" or (kind == "set" and name != "markup"):
         if name in ("tojson", "string") or "json" in name:
             return "args-reserialised"
         if whitespace_change == "trim" and _inside_reasoning(boundary):
@@ -810,7 +1029,10 @@ def _reasoning_lost_at_break(boundary: Boundary) -> bool:
         if len(text) < 8:
             continue
         start = prev.find(text, max(0, at - len(text) - 16))
-        if 0 <= start <= at + 40 and text not in nxt:
+        # Lost, not rewritten: not even its middle half is in the next prompt (a reasoning with a character cut off
+        # or changed is there, rewritten).
+        middle = text[len(text) // 4:len(text) - len(text) // 4]
+        if 0 <= start <= at + 40 and middle not in nxt:
             return True
     return False
 
@@ -838,7 +1060,7 @@ def _inside_reasoning(boundary: Boundary) -> bool:
 
 
 ARGUMENT_OPENS = ("<|tool_call_argument_begin|>", "<parameter=", "<arg_key>", "parameter name=", "json<|message|>")
-CALL_CLOSES = ("</tool_call>", "<|tool_call_end|>", "</｜DSML｜invoke>", "<|call|>")
+CALL_CLOSES = ("</tool_call>", "<|tool_call_end|>", "</｜DSML｜invoke>", "<|call|>", "</invoke>")
 
 
 def _in_arguments(boundary: Boundary) -> bool:

@@ -184,7 +184,7 @@ ROWS = [
     ('minimax-m2.7', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/minimax_m2.py:194'),
     ('minimax-m2.7', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/minimax_m2.py:193'),
     ('minimax-m2.7', 'client-drops-reasoning', 'raw', 'breaks', 'client client-dropped-field scenarios/client-drops-reasoning.yaml:6'),
-    ('minimax-m2.7', 'client-drops-reasoning', 'vllm@0.33.0', 'breaks', 'template text-rewritten MiniMaxAI-MiniMax-M2.7.jinja:94'),
+    ('minimax-m2.7', 'client-drops-reasoning', 'vllm@0.33.0', 'breaks', 'template text-rewritten MiniMaxAI-MiniMax-M2.7.jinja:88'),
     ('minimax-m2.7', 'client-drops-reasoning', 'sglang@0.5.23', 'holds', None),
     ('minimax-m2.7', 'client-drops-reasoning', 'sglang@0.5.12', 'holds', None),
     ('minimax-m2.7', 'newline-after-think', 'raw', 'breaks', 'template scaffold-changed MiniMaxAI-MiniMax-M2.7.jinja:98'),

@@ -5,7 +5,10 @@ did and can be undone for one message at a time:
   - text filters (`|trim`, `|tojson`, `|string`, `|replace`, ...) and string methods (`.strip()`, `.lstrip('\\n')`,
     `.split('</think>')[-1]`, ...): `result|drift_op(id, input)`; undone, the input passes through unchanged;
   - conditions (`{% if %}`, `{% elif %}`, inline `a if c else b`): `test|drift_if(id)`; undone, the other branch;
-  - outputs (`{{ ... }}` and literal template text): `value|drift_out(id)`; undone, nothing is emitted.
+  - outputs (`{{ ... }}` and literal template text): `value|drift_out(id)`; undone, nothing is emitted;
+  - bindings: the value of every `{% set %}` (plain variables, `namespace` attributes) and every argument of a call to
+    one of the template's own macros: `value|drift_set(id)`; recorded, and substituted by another value (the model's
+    own text, a message's own index) when blame asks, never undone outright.
 The rewritten template is compiled in the same sandboxed environment as the real one, and with nothing undone it
 renders the same text (checked by the caller). Undoing only from the message whose rendering broke on leaves the rest
 of the conversation, and so the previous prompt, as the real template renders it: that is the counterfactual "had
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 from jinja2 import nodes
+from jinja2.runtime import LoopContext
 from jinja2.visitor import NodeTransformer
 
 TEXT_FILTERS = frozenset({"trim", "string", "tojson", "replace", "lower", "upper", "title", "capitalize", "default",
@@ -33,16 +37,20 @@ STRING_METHODS = frozenset({"strip", "lstrip", "rstrip", "split", "rsplit", "rep
 
 @dataclass(frozen=True)
 class Construct:
-    """One rewritable construct: `kind` is "op" (filter or method), "condition" or "output"."""
+    """One rewritable construct: `kind` is "op" (filter or method), "condition", "output" or "set" (a binding)."""
 
     id: int
     kind: str
-    name: str  # the filter or method name; "if" for a condition; "output" for an output
+    # the filter or method name; "if" for a condition; "output" for an output; "set" for an assignment, "argument" for
+    # a macro call's argument
+    name: str
     line: int
     end_line: int
     description: str  # readable source of the construct, e.g. "content.strip()" or "{% if ... %}"
-    receiver: str = ""  # readable source of what an op is applied to, e.g. "content"
-    names: frozenset[str] = frozenset()  # the variables a condition tests
+    # readable source of what an op is applied to, e.g. "content"; the variable a set assigns ("ns.last_user_index");
+    # the parameter an argument binds ("visible_text(content)")
+    receiver: str = ""
+    names: frozenset[str] = frozenset()  # the variables a condition tests, or a binding's value reads
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,8 @@ class Evaluation:
 
     construct: int
     message: int
-    before: object = None  # an op's input; a condition's value
-    after: object = None  # an op's result
+    before: object = None  # an op's input; a condition's value; a binding's value (text and numbers only, else None)
+    after: object = None  # an op's result; for a binding, the `loop.index0` of the loop over that message, if any
 
 
 @dataclass
@@ -94,10 +102,29 @@ class _Run:
     message_ids: dict[int, int]
     undo_from: int | None = None
     undo: frozenset[int] = frozenset()
-    # construct id -> {a result it gave: the text to give instead}: "had it printed what the model wrote"
-    substitute: dict[int, dict[str, str]] = field(default_factory=dict)
+    # construct id -> {a result it gave (substitution_key): the value to give instead}: "had it printed what the
+    # model wrote", "had it assigned this message's own index"
+    substitute: dict[int, dict[str, object]] = field(default_factory=dict)
     record: bool = True
     evaluations: list[Evaluation] = field(default_factory=list)
+
+
+def substitution_key(value: object) -> str | None:
+    """What a substitution is keyed by: the text itself, or a tagged form of a number (the key must survive JSON, for
+    the encoders run in an engine's worker); None for any other value, which is never substituted."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"\0int:{value}"
+    return None
+
+
+def _recordable(value: object) -> object:
+    """A binding's value as recorded: text and numbers (what blame compares and substitutes), else None (a namespace,
+    a list of messages: large, and never substituted)."""
+    if isinstance(value, str):
+        return str(value)
+    return value if isinstance(value, (int, float, bool)) or value is None else None
 
 
 _COMPARISONS = {"eq": "==", "ne": "!=", "gt": ">", "gteq": ">=", "lt": "<", "lteq": "<=", "in": "in",
@@ -139,6 +166,12 @@ def describe(node: nodes.Node) -> str:
         ops = " ".join(f"{_COMPARISONS.get(op.op, op.op)} {describe(op.expr)}" for op in node.ops)
         return f"{describe(node.expr)} {ops}"
 
+    if isinstance(node, nodes.Concat):
+        return " ~ ".join(describe(child) for child in node.nodes)
+    if isinstance(node, nodes.CondExpr):
+        return f"{describe(node.expr1)} if {describe(node.test)} else {describe(node.expr2) if node.expr2 else '…'}"
+    if isinstance(node, nodes.Slice):
+        return ":".join(describe(part) if part is not None else "" for part in (node.start, node.stop))
     if isinstance(node, nodes.TemplateData):
         return repr(node.data)
     return "…"
@@ -153,16 +186,41 @@ def _max_line(node: nodes.Node) -> int:
     return max([getattr(node, "lineno", 0) or 0, *(_max_line(child) for child in node.iter_child_nodes())])
 
 
+def _target_text(node: nodes.Node) -> str:
+    """The variable an assignment sets, as the template writes it: `content`, `ns.last_user_index`, `a, b`."""
+    if isinstance(node, nodes.NSRef):
+        return f"{node.name}.{node.attr}"
+    if isinstance(node, nodes.Name):
+        return node.name
+    if isinstance(node, nodes.Tuple):
+        return ", ".join(_target_text(item) for item in node.items)
+    return describe(node)
+
+
+def _dotted_names(node: nodes.Node) -> frozenset[str]:
+    """The variables an expression reads, `namespace` attributes as `ns.attr` besides `ns`."""
+    dotted = {f"{n.node.name}.{n.attr}" for n in [node, *node.find_all(nodes.Getattr)]
+              if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name)}
+    return _names(node) | frozenset(dotted)
+
+
 class _Rewriter(NodeTransformer, _Recording):
-    def __init__(self) -> None:
+    def __init__(self, macros: dict[str, tuple[str, ...]] | None = None) -> None:
         _Recording.__init__(self)
+        self._macros = macros or {}  # the template's own macros and their parameters
 
     def visit_Assign(self, node: nodes.Assign) -> nodes.Assign:
-        read = set(_names(node.node))
-        for target in [node.target, *node.target.find_all(nodes.Name)]:
-            if isinstance(target, nodes.Name):
-                self._assigned(target.name, read, node.lineno)
-        return self.generic_visit(node)
+        read = set(_dotted_names(node.node))
+        target_text = _target_text(node.target)
+        for target in [node.target, *node.target.find_all(nodes.Name), *node.target.find_all(nodes.NSRef)]:
+            if isinstance(target, (nodes.Name, nodes.NSRef)):
+                self._assigned(_target_text(target), read, node.lineno)
+        description = f"{{% set {target_text} = {describe(node.node)} %}}"
+        node = self.generic_visit(node)
+        ident = self._new("set", "set", node, description, target_text, end_line=_max_line(node.node),
+                          names=frozenset(read))
+        node.node = self._call("drift_set", nodes.Const(ident, lineno=node.lineno), node.node, lineno=node.lineno)
+        return node
 
     @staticmethod
     def _call(function: str, ident: nodes.Const, value: nodes.Expr, *args: nodes.Expr, lineno: int) -> nodes.Filter:
@@ -199,9 +257,21 @@ class _Rewriter(NodeTransformer, _Recording):
     def visit_Call(self, node: nodes.Call) -> nodes.Expr:
         description = describe(node)
         receiver_text = describe(node.node.node) if isinstance(node.node, nodes.Getattr) else ""
+        arguments = [describe(a) for a in node.args]
         node = self.generic_visit(node)
         if isinstance(node.node, nodes.Getattr) and node.node.attr in STRING_METHODS:
             return self._op(node, node.node.node, node.node.attr, description, receiver_text)
+        if isinstance(node.node, nodes.Name) and node.node.name in self._macros:
+            # A macro's parameter is a binding made at the caller: `visible_text(message.content)` hands the model's
+            # field to the macro, whose `{{ content }}` only prints it.
+            parameters = self._macros[node.node.name]
+            for i, argument in enumerate(node.args):
+                parameter = parameters[i] if i < len(parameters) else f"#{i + 1}"
+                ident = self._new("set", "argument", argument, f"{node.node.name}({parameter}={arguments[i]})",
+                                  f"{node.node.name}({parameter})", end_line=_max_line(argument),
+                                  names=_dotted_names(argument))
+                node.args[i] = self._call("drift_set", nodes.Const(ident, lineno=argument.lineno), argument,
+                                          lineno=argument.lineno)
         return node
 
     def visit_If(self, node: nodes.If) -> nodes.Node:
@@ -249,21 +319,44 @@ def derived_names(names: frozenset[str], aliases: dict[str, frozenset[str]]) -> 
     return frozenset(found)
 
 
-def _message_in_locals(frame, run: _Run) -> int | None:
-    """The message a template frame renders: the local variable that is one of the conversation's messages."""
+def _loop_index(frame, run: _Run) -> int | None:
+    """`loop.index0` of the template's loop whose current item is the message being rendered, if that loop is one."""
+    if frame is None:
+        return None
     for value in frame.f_locals.values():
-        index = run.message_ids.get(id(value))
-        if index is not None:
-            return index
+        if isinstance(value, LoopContext) and id(getattr(value, "_current", None)) in run.message_ids:
+            return value.index0
     return None
+
+
+def message_in_frame(frame, message_ids: dict[int, int]) -> int | None:
+    """The message a compiled template's frame renders (`message_ids`: id of each message -> its index): the current
+    item of a loop over the conversation's messages, else a local variable that is one of them (a macro's parameter, a
+    loop variable), but not a variable of the template's top level (`{% set system_message = messages[0] %}` is not
+    what the code around it renders)."""
+    found = None
+    for name, value in frame.f_locals.items():
+        if isinstance(value, LoopContext):
+            index = message_ids.get(id(getattr(value, "_current", None)))
+            if index is not None:
+                return index
+        elif found is None and not name.startswith("l_0_"):
+            found = message_ids.get(id(value))
+    return found
+
+
+def _message_in_locals(frame, run: _Run) -> int | None:
+    return message_in_frame(frame, run.message_ids)
 
 
 class InstrumentedTemplate:
     """A template compiled with every construct observable; `render` says which ran for which message."""
 
     def __init__(self, environment: jinja2.Environment, source: str) -> None:
-        rewriter = _Rewriter()
-        tree = rewriter.visit(environment.parse(source))
+        parsed = environment.parse(source)
+        macros = {m.name: tuple(a.name for a in m.args) for m in parsed.find_all(nodes.Macro)}
+        rewriter = _Rewriter(macros)
+        tree = rewriter.visit(parsed)
         self.table = rewriter.table()
         self._local = threading.local()  # the web app renders from several threads
         self._filename = "<template>"  # what Jinja names the code it compiles
@@ -273,11 +366,12 @@ class InstrumentedTemplate:
         environment.filters = {**environment.filters,
                                "drift_op": lambda result, ident, value: self._op(ident, result, value),
                                "drift_if": lambda test, ident: self._if(ident, test),
-                               "drift_out": lambda value, ident: self._out(ident, value)}
+                               "drift_out": lambda value, ident: self._out(ident, value),
+                               "drift_set": lambda value, ident: self._set(ident, value)}
         self._template = environment.from_string(tree)
 
     def render(self, chat: list[dict], variables: dict, *, undo_from: int | None = None,
-               undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+               undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, object]] | None = None
                ) -> tuple[str, list[Evaluation]]:
         """Render; the constructs in `undo` are undone, and an op in `substitute` gives the text instead of that
         result, while message `undo_from` or a later one is being rendered. Every construct's runs are recorded when
@@ -289,7 +383,7 @@ class InstrumentedTemplate:
             undo_from=undo_from, undo=undo, substitute=substitute)
 
     def run(self, call: Callable[[], str], message_ids: dict[int, int], *, undo_from: int | None = None,
-            undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, str]] | None = None
+            undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, object]] | None = None
             ) -> tuple[str, list[Evaluation]]:
         """`call` (which renders) with the constructs observed and changed as `render` says; `message_ids` maps what
         `_message_of_frame` reads off a frame to the conversation's message index."""
@@ -304,14 +398,18 @@ class InstrumentedTemplate:
         return text, run.evaluations
 
     def _message(self, run: _Run) -> int:
-        frame = sys._getframe(2)
+        return self._message_frame(run)[0]
+
+    def _message_frame(self, run: _Run) -> tuple[int, object]:
+        """The message being rendered, and the template's frame that renders it (None: outside any message)."""
+        frame = sys._getframe(1)
         while frame is not None:
             if frame.f_code.co_filename == self._filename:
                 found = self._message_of_frame(frame, run)
                 if found is not None:
-                    return found
+                    return found, frame
             frame = frame.f_back
-        return -1
+        return -1, None
 
     def _message_if_wanted(self, run: _Run, ident: int) -> int | None:
         # Finding the message walks the frames: only when this run records, or may undo this construct.
@@ -346,6 +444,20 @@ class InstrumentedTemplate:
             run.evaluations.append(Evaluation(ident, message, bool(test)))
         return (not test) if self._undone(run, ident, message) else test
 
+    def _set(self, ident: int, value: object) -> object:
+        run = getattr(self._local, "run", None)
+        if run is None or (not run.record and ident not in run.substitute):
+            return value  # an encoder's module-level assignments run outside any render
+        message, frame = self._message_frame(run)
+        if run.record:
+            run.evaluations.append(Evaluation(ident, message, _recordable(value), _loop_index(frame, run)))
+        replacements = run.substitute.get(ident)
+        if replacements and self._undone(run, ident, message):
+            key = substitution_key(value)
+            if key is not None and key in replacements:
+                return replacements[key]
+        return value
+
     def _out(self, ident: int, value: object) -> object:
         run = self._local.run
         if not run.record and ident not in run.undo:
@@ -362,7 +474,7 @@ class InstrumentedTemplate:
 
 class PythonRewriter(ast.NodeTransformer, _Recording):
     """The same rewrite for a Python encoder: string methods and `json.dumps`-like helpers (ops), `if` tests and
-    conditional expressions (conditions), and every `prompt += ...` (outputs)."""
+    conditional expressions (conditions), every `prompt += ...` (outputs) and every assignment (bindings)."""
 
     def __init__(self, functions: frozenset[str]) -> None:
         _Recording.__init__(self)
@@ -374,7 +486,12 @@ class PythonRewriter(ast.NodeTransformer, _Recording):
             for name in ast.walk(target):
                 if isinstance(name, ast.Name):
                     self._assigned(name.id, read, node.lineno)
-        return self.generic_visit(node)
+        description = ast.unparse(node)
+        targets = ", ".join(ast.unparse(t) for t in node.targets)
+        node = self.generic_visit(node)
+        ident = self._new("set", "set", node, description, targets, end_line=node.end_lineno, names=frozenset(read))
+        node.value = self._call("drift_set", ast.Constant(ident), node.value, like=node.value)
+        return node
 
     @staticmethod
     def _call(function: str, *args: ast.expr, like: ast.AST) -> ast.Call:
@@ -409,10 +526,16 @@ class PythonRewriter(ast.NodeTransformer, _Recording):
         return node
 
     def visit_AugAssign(self, node: ast.AugAssign) -> ast.AugAssign:
+        description = ast.unparse(node)
         node = self.generic_visit(node)
         if isinstance(node.target, ast.Name) and node.target.id == "prompt" and isinstance(node.op, ast.Add):
-            ident = self._new("output", "output", node, ast.unparse(node), end_line=node.end_lineno)
+            ident = self._new("output", "output", node, description, end_line=node.end_lineno)
             node.value = self._call("drift_out", ast.Constant(ident), node.value, like=node.value)
+        elif isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add):
+            # `tc_content += '\n\n' + ...`: a binding of what is appended
+            ident = self._new("set", "set", node, description, node.target.id, end_line=node.end_lineno,
+                              names=frozenset(n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)))
+            node.value = self._call("drift_set", ast.Constant(ident), node.value, like=node.value)
         return node
 
 
@@ -431,5 +554,6 @@ class InstrumentedModule(InstrumentedTemplate):
         self._filename = filename
         self._message_of_frame = message_of_frame
         self.namespace: dict = {"__name__": "drift_matrix_instrumented_encoder", "__file__": filename,
-                                "drift_op": self._op, "drift_if": self._if, "drift_out": self._out}
+                                "drift_op": self._op, "drift_if": self._if, "drift_out": self._out,
+                                "drift_set": self._set}
         exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the pinned encoder, hash-checked

@@ -36,7 +36,12 @@ from jinja2.compiler import CodeGenerator, Frame  # noqa: E402
 from engine.errors import RenderError  # noqa: E402
 from engine.prefix import JoinedText  # noqa: E402
 from engine.render.cache import request_key  # noqa: E402
-from engine.render.constructs import ConstructTable, Evaluation, InstrumentedTemplate  # noqa: E402
+from engine.render.constructs import (  # noqa: E402
+    ConstructTable,
+    Evaluation,
+    InstrumentedTemplate,
+    message_in_frame,
+)
 from engine.render.incremental import IncrementalText  # noqa: E402
 from engine.types import Provenance, Rendered, RenderRequest  # noqa: E402
 
@@ -245,12 +250,8 @@ class JinjaRenderer:
         return value
 
     def _message_in_frame(self, frame) -> int:
-        ids = self._recorder.message_ids
-        for value in frame.f_locals.values():
-            index = ids.get(id(value))
-            if index is not None:
-                return index
-        return -1
+        found = message_in_frame(frame, self._recorder.message_ids)
+        return -1 if found is None else found
 
     def template_context(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
                          kwargs: dict | None) -> tuple[list[dict], dict]:
