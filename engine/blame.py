@@ -15,7 +15,9 @@ runs the simulator itself), and names the one whose undo makes the boundary hold
 Among the undos that keep the prefix, the smallest change to the next prompt wins; along the value's path, the
 construct furthest upstream. The construct is the primary location; the line that emitted the differing character
 comes second. A break that no undo moves is blamed on the emitting construct, and the proof says that nothing else
-moved it.
+moved it. Where the break is in the opening of the model's turn (the generation prompt wrote `<think>`, the history
+writes `<think>\n`), the cause is the disagreement itself, located at both constructs and proved by re-rendering
+each printing what the other printed.
 Fix hints are re-run too, and ranked: a switch that keeps the prompt the model answered, the client setting, other
 versions of the same engine, the append-only bridge, and only then a switch that changes what the model is asked to
 do (turning reasoning off), saying so.
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.errors import RenderError
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.render.constructs import substitution_key
@@ -44,6 +47,7 @@ from engine.types import (
     Fix,
     Location,
     ParseResult,
+    RenderRequest,
     UndoRequestEdit,
     UndoTemplate,
     UseParse,
@@ -459,6 +463,9 @@ def _template_cause(boundary: Boundary, context: BlameContext, rerun: Rerun) -> 
                 again.string_prefix.common == boundary.string_prefix.common:
             base = again
     found = _template_counterfactual(base, context, rerun, emit_line)
+    opening = _opening_cause(boundary, context, rerun, found, emit_location, changed)
+    if opening is not None:
+        return opening
     if found is not None:
         trial, found_locations, construct_kind, how, whitespace_change = (
             found.trial, found.locations, found.construct_kind, found.how, found.whitespace_change)
@@ -498,6 +505,155 @@ class _Counterfactual:
     how: str
     whitespace_change: str
     change: UndoTemplate
+
+
+def _opening_cause(boundary: Boundary, context: BlameContext, rerun: Rerun, found: _Counterfactual | None,
+                   emit_location: Location, changed: str) -> Cause | None:
+    """The generation prompt and the history disagree on how the model's turn opens: the break is in the text the
+    generation prompt wrote for the turn (`<think>` where the history writes `<think>\n`), or the history puts
+    scaffolding of its own before the model's first token. Located at both constructs, the generation prompt's
+    first; each proved by a re-render that makes it print what the other printed."""
+    gen_text, prev, nxt = boundary.prev_prompt.text, boundary.prev_text, boundary.next_prompt.text
+    at = boundary.string_prefix.common
+    renderer = context.model.renderer
+    counterfactual = getattr(renderer, "render_counterfactual", None)
+    table_of = getattr(renderer, "construct_table", None)
+    request = boundary.next_request
+    if at > len(gen_text) or request is None or counterfactual is None or table_of is None or \
+            _reasoning_lost_at_break(boundary):
+        return None
+    aligned = _alignment(prev, nxt, at)
+    if aligned is None:
+        return None
+    inserted, skipped = aligned
+    if at == len(gen_text) and not (inserted and not skipped):
+        return None  # at the model's first token only scaffolding the history puts before it is the opening's
+    turns = [i for i, m in enumerate(request.messages) if m.get("role") == "assistant"]
+    if not turns:
+        return None
+    asked = replace(request, messages=request.messages[:turns[-1]], add_generation_prompt=True)
+    table = table_of()
+    outputs = _generation_prompt_outputs(counterfactual, asked, gen_text, table)
+    gen_pos = at - 1 if inserted and not skipped else at
+    opening = next(((c, value, begin) for c, value, begin in outputs if begin <= gen_pos < begin + len(value)), None)
+    if opening is None:
+        return None  # the break is not in the generation prompt's text
+    start = min(begin for _, _, begin in outputs)
+    lines = renderer.source_lines()
+
+    def line_text(line: int) -> str:
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+    origin, path = boundary.next_prompt.origin, boundary.next_prompt.source_path
+    construct, value, begin = opening
+    gen_location = Location(origin, path, construct.line, text=line_text(construct.line))
+    generation_proof = _generation_as_history(boundary, rerun, asked, opening, inserted, skipped)
+    history = _history_as_generated(boundary, rerun, counterfactual, table, inserted, skipped)
+    if history is None:
+        return None
+    hist_construct, trial, how = history
+    hist_location = Location(origin, path, hist_construct.line, text=line_text(hist_construct.line))
+    position = at if inserted else at - 1
+    if found is not None and found.construct_kind.startswith("set:") and found.trial.common > at and any(
+            isinstance(value, str) and _covering([value], nxt, position) is not None
+            for _, value, _ in found.change.substitute):
+        # The history printed a value bound upstream (a macro's parameter, a `set`): that binding is its construct.
+        hist_location, trial, how = found.locations[0], found.trial, f"re-rendered with {found.how}"
+    proofs = [p for p in (generation_proof, f"{how}: {_prefix_words(boundary, trial)}" if trial else None) if p]
+    if not proofs:
+        return None
+    rendered = nxt[start:start + len(gen_text) - start + inserted - skipped]
+    locations = (gen_location, hist_location) + (() if any(_same_place(loc, emit_location) for loc in (
+        gen_location, hist_location)) else (emit_location,))
+    return Cause(
+        stage="template", kind="generation-prompt-differs", locations=locations, changed=changed, fix=None,
+        proof="; ".join(proofs),
+        detail=(f"the generation prompt opened the turn with {gen_text[start:]!r} (line {gen_location.line}); the "
+                f"history renders {rendered!r} (line {hist_location.line}) before the model's text"),
+    )
+
+
+def _generation_prompt_outputs(counterfactual: Callable, asked: RenderRequest, gen_text: str, table
+                               ) -> list[tuple[object, str, int]]:
+    """The generation prompt's outputs (construct, text, where it starts), last first: the outputs after the last
+    message, as the instrumented render of the request the model answered records them."""
+    try:
+        text, evaluations = counterfactual(asked)
+    except Exception:  # noqa: BLE001 - the instrumented render is a second opinion
+        return []
+    if text != gen_text:
+        return []
+    outputs, end = [], len(text)
+    for evaluation in reversed(evaluations):
+        construct = table.constructs[evaluation.construct]
+        if construct.kind != "output":
+            continue
+        value = evaluation.before
+        if evaluation.message >= 0 or not isinstance(value, str) or not text.endswith(value, 0, end):
+            break
+        if value:
+            outputs.append((construct, value, end - len(value)))
+            end -= len(value)
+    return outputs
+
+
+def _history_as_generated(boundary: Boundary, rerun: Rerun, counterfactual: Callable, table, inserted: int,
+                          skipped: int) -> tuple[object, _Trial | None, str] | None:
+    """The history's output at the break (the one whose text the next prompt has there, or that ended just before
+    text the generation prompt had), re-rendered printing what the generation prompt printed there."""
+    prev, nxt, at = boundary.prev_text, boundary.next_prompt.text, boundary.string_prefix.common
+    try:
+        _, evaluations = counterfactual(boundary.next_request)
+    except Exception:  # noqa: BLE001 - the instrumented render is a second opinion
+        return None
+    undo_from = max(_break_message(boundary) - 1, 0)
+    position = at if inserted else at - 1
+    try:
+        line = boundary.next_prompt.source_line[position]
+    except (RenderError, IndexError):
+        return None
+    for evaluation in evaluations:
+        construct = table.constructs[evaluation.construct]
+        value = evaluation.before
+        if construct.kind != "output" or construct.line != line or evaluation.message < undo_from or \
+                not isinstance(value, str) or not value:
+            continue
+        start = nxt.find(value, max(0, position - len(value) + 1))
+        if not 0 <= start <= position < start + len(value):
+            continue
+        offset = at - start
+        instead = value[:offset] + prev[at:at + skipped] + value[offset + inserted:]
+        change = UndoTemplate(undo_from, substitute=((construct.id, value, instead),), base=boundary)
+        trial = _trial(rerun, change, boundary)
+        how = (f"re-rendered the history with {construct.description} (line {construct.line}) printing "
+               f"{instead[max(0, offset - 12):offset + skipped + 12]!r} as the generation prompt did")
+        return construct, trial if trial is not None and trial.common > at else None, how
+    return None
+
+
+def _generation_as_history(boundary: Boundary, rerun: Rerun, asked: RenderRequest, opening: tuple, inserted: int,
+                           skipped: int) -> str | None:
+    """The generation prompt re-rendered with its output at the break printing what the history printed there: the
+    previous prompt and the model's text are then a prefix of the next prompt (or the break moves on)."""
+    construct, value, begin = opening
+    nxt, at, completion = boundary.next_prompt.text, boundary.string_prefix.common, boundary.completion.text
+    offset = at - begin
+    if offset + skipped > len(value):
+        return None
+    instead = value[:offset] + nxt[at:at + inserted] + value[offset + skipped:]
+    again = rerun(UndoTemplate(-1, substitute=((construct.id, value, instead),),
+                               base=replace(boundary, next_request=asked)))
+    if again is None:
+        return None
+    sequence = again.next_prompt.text + completion
+    common = common_prefix(sequence, nxt)
+    if common <= at:
+        return None
+    outcome = (f"the previous prompt and the model's text are then a prefix of the next prompt "
+               f"({len(sequence)}/{len(sequence)} characters)" if common >= len(sequence) else
+               f"the break moves from character {at} to {common}")
+    return (f"re-rendered the generation prompt with {construct.description} (line {construct.line}) printing "
+            f"{instead!r}: {outcome}")
 
 
 def _same_place(a: Location, b: Location) -> bool:

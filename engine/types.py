@@ -274,6 +274,8 @@ CAUSE_KINDS: dict[str, str] = {
     "whitespace-normalised": "whitespace the model wrote was removed, added or replaced",
     "close-inserted": "a close the model did not write (</think>, an end-of-turn after max_tokens) is inserted",
     "scaffold-changed": "the template's own markup (headers, tags, newlines) differs from what the model emitted",
+    "generation-prompt-differs": "the history renders the opening of the model's turn otherwise than the generation "
+                                 "prompt the model answered",
     "args-reserialised": "the tool-call arguments were written again (spacing, key order, escapes, type markers)",
     "args-type-coerced": "a tool-call argument changed type (e.g. the model wrote 1.0, the parser returned 1)",
     "args-dropped": "the tool-call arguments were replaced (e.g. by {})",

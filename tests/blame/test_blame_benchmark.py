@@ -1,5 +1,6 @@
 """The blame benchmark (cases.yaml): one injected edit per case, in a real template, the real DeepSeek V4 encoder or
-a real engine's result; blame must name the injected line, with the right kind, and prove it by a re-run."""
+a real engine's result; blame must name the injected line, with the right kind, and prove it by a re-run. Where the
+generation prompt and the history disagree, the cause names both constructs, the generation prompt's first."""
 
 from __future__ import annotations
 
@@ -99,13 +100,17 @@ def test_blame_names_the_injected_line(case: dict, tmp_path, monkeypatch) -> Non
 
     where = f"{case['id']}: blamed {[str(loc) for loc in cause.locations]} ({cause.kind}); injected line {line}; " \
             f"proof: {cause.proof}"
-    assert at(cause.locations[0], line), where
+    if "other" in case:  # the generation prompt and the history: both constructs, in either order of injection
+        first, second = cause.locations[:2]
+        assert (at(first, line) and at(second, case["other"])) or (at(first, case["other"]) and at(second, line)), where
+    else:
+        assert at(cause.locations[0], line), where
     assert cause.kind == case["kind"], f"{case['id']}: {cause.kind} at {cause.location}; proof: {cause.proof}"
     assert cause.proof.startswith("re-r"), cause.proof  # proved by a re-run, not by the fallback
 
 
-CLASSES = ("set-upstream", "filter-in-set", "macro-parameter", "history-scaffold", "filter", "condition", "arguments",
-           "engine")
+CLASSES = ("set-upstream", "filter-in-set", "macro-parameter", "gen-vs-history", "history-scaffold", "filter",
+           "condition", "arguments", "engine")
 
 
 def test_the_benchmark_covers_every_class_family_kind_and_stage() -> None:
@@ -117,6 +122,7 @@ def test_the_benchmark_covers_every_class_family_kind_and_stage() -> None:
     families = {load_spec(m).family for m in model_ids() if load_spec(m).renderer == "jinja"}
     assert families <= {load_spec(c["model"]).family for c in CASES if "line" in c}
     assert any(c["model"] == "deepseek-v4" and "line" in c for c in CASES) and any("inject" in c for c in CASES)
+    assert all(("other" in c) == (c["kind"] == "generation-prompt-differs") for c in CASES)
     # Every kind a template, encoder or engine edit can produce; the client and tokenizer kinds come from the
     # scenarios themselves (tests/test_findings.py), close-inserted from truncation (test_matrix_causes).
     # A null for "" renders like "" in these templates (no engine edit of that kind can break them).
