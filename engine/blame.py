@@ -215,7 +215,7 @@ def _with_edit_undone(parse: ParseResult, edit: Edit, written: ParseResult, comp
     return None
 
 
-def _producing_edit(value: str, written: str, steps: tuple[Edit, ...], fallback: Edit) -> Edit:
+def _producing_edit(value: str, written: str, steps: tuple[Edit, ...], fallback: Edit | None) -> Edit | None:
     """The recorded edit that made the engine's `value` out of what the model `written`: the first (in pipeline order)
     whose input holds the model's text and whose output no longer does; else the one whose output is the value;
     else the last whose output is part of it."""
@@ -232,52 +232,67 @@ def _producing_edit(value: str, written: str, steps: tuple[Edit, ...], fallback:
     return fallback
 
 
-def _field_differences(parse: ParseResult, written: ParseResult, origin: str) -> list[tuple[ParseResult, Edit,
-                                                                                             str]]:
+def _field_differences(parse: ParseResult, written: ParseResult) -> list[tuple[ParseResult, Edit, str]]:
     """Each field where the engine's result differs from what the model wrote (the lossless split), with the field
     put back as written: the reasoning, the content, a call's arguments or id, the calls themselves, null for ""."""
     found: list[tuple[ParseResult, Edit, str]] = []
-    where = Location(origin, "serving layer", 0)
     sources = dict(parse.sources)  # the real code's line that decided a field, where the tracer saw it
     edits = parse.edits
+
+    def add(result: ParseResult, edit: Edit | None, field: str) -> None:
+        # A field without a line of the release's that decided it (no recorded edit, no traced source) is not named.
+        if edit is not None:
+            found.append((result, edit, field))
+
     if len(parse.tool_calls) < len(written.tool_calls):
         kept = {call.name for call in parse.tool_calls}
         lost = [call.name for call in written.tool_calls if call.name not in kept] or [written.tool_calls[-1].name]
         # The step that cut the lost call's markup out of the text.
-        edit = next((e for e in edits if lost[0] in e.before and lost[0] not in e.after), None) or Edit(
+        where = _nearest_line(parse, "calls")
+        edit = next((e for e in edits if lost[0] in e.before and lost[0] not in e.after), None) or (where and Edit(
             "call_lost", f"{len(written.tool_calls)} tool calls", f"{len(parse.tool_calls)} tool calls", where,
-            "the engine returned fewer tool calls than the model wrote")
-        found.append((replace(parse, tool_calls=written.tool_calls), edit, "calls"))
+            "the engine returned fewer tool calls than the model wrote"))
+        add(replace(parse, tool_calls=written.tool_calls), edit, "calls")
     for i, (call, own) in enumerate(zip(parse.tool_calls, written.tool_calls)):
         if _json_or_none(call.arguments) != _json_or_none(own.arguments) or (
                 _json_or_none(own.arguments) is None and call.arguments != own.arguments):
             calls = list(parse.tool_calls)
             calls[i] = replace(call, arguments=own.arguments)
-            edit = _producing_edit(call.arguments, own.arguments, edits, Edit(
-                "args_rewritten", own.arguments, call.arguments, sources.get(f"arguments of {call.name}", where),
-                "the arguments are not the model's"))
-            found.append((replace(parse, tool_calls=tuple(calls)), replace(edit, before=own.arguments,
-                                                                           after=call.arguments), "arguments"))
+            where = sources.get(f"arguments of {call.name}") or _nearest_line(parse, "arguments")
+            edit = _producing_edit(call.arguments, own.arguments, edits, where and Edit(
+                "args_rewritten", own.arguments, call.arguments, where, "the arguments are not the model's"))
+            add(replace(parse, tool_calls=tuple(calls)), edit and replace(edit, before=own.arguments,
+                                                                          after=call.arguments), "arguments")
         if own.id and call.id != own.id:
             calls = list(parse.tool_calls)
             calls[i] = replace(call, id=own.id)
-            edit = next((e for e in edits if e.before == own.id and e.after == call.id), None) or Edit(
-                "call_id_replaced", own.id, call.id or "", where, "the tool-call id the model wrote is replaced")
-            found.append((replace(parse, tool_calls=tuple(calls)), edit, "id"))
+            where = _nearest_line(parse, "id")
+            edit = next((e for e in edits if e.before == own.id and e.after == call.id), None) or (where and Edit(
+                "call_id_replaced", own.id, call.id or "", where, "the tool-call id the model wrote is replaced"))
+            add(replace(parse, tool_calls=tuple(calls)), edit, "id")
     for field in ("reasoning", "content"):
         value, own = getattr(parse, field), getattr(written, field)
         if value == own or (not value and not own and field == "reasoning"):
             continue
+        where = sources.get(field) or _nearest_line(parse, field)
         if field == "content" and value is None and own == "":
-            edit = next((e for e in edits if e.after == "null"), None) or Edit(
-                "content_null", '""', "null", where, "an empty answer is returned as null")
+            edit = next((e for e in edits if e.after == "null"), None) or (where and Edit(
+                "content_null", '""', "null", where, "an empty answer is returned as null"))
         else:
-            edit = _producing_edit(value or "", own or "", edits, Edit(
-                f"{field}_rewritten", own or "", value or "", sources.get(field, where),
-                f"the {field} is not the model's"))
-            edit = replace(edit, before=own or "", after=value or "")
-        found.append((replace(parse, **{field: own if own is not None else ""}), edit, field))
+            edit = _producing_edit(value or "", own or "", edits, where and Edit(
+                f"{field}_rewritten", own or "", value or "", where, f"the {field} is not the model's"))
+            edit = edit and replace(edit, before=own or "", after=value or "")
+        add(replace(parse, **{field: own if own is not None else ""}), edit, field)
     return found
+
+
+def _nearest_line(parse: ParseResult, field: str) -> Location | None:
+    """A line of the release's that this parse executed and that acted on `field` (a traced source of it, an edit whose
+    step names it), else any line it recorded (its last edit, a traced source); None when it recorded none."""
+    named = [location for name, location in parse.sources if field in name] + [
+        e.location for e in parse.edits if field in e.step]
+    recorded = [e.location for e in parse.edits] + [location for _, location in parse.sources]
+    return next((location for location in (*named, *reversed(recorded)) if location.line > 0), None)
 
 
 def _engine_candidates(boundary: Boundary, context: BlameContext) -> list[_EngineCandidate]:
@@ -289,8 +304,7 @@ def _engine_candidates(boundary: Boundary, context: BlameContext) -> list[_Engin
         if undone is not None:
             candidates.append(_EngineCandidate(UseParse(undone[0]), edit, undone[1], len(candidates)))
     if written is not None:
-        origin = parse.edits[0].location.origin if parse.edits else str(context.engine)
-        for result, edit, field in _field_differences(parse, written, origin):
+        for result, edit, field in _field_differences(parse, written):
             candidates.append(_EngineCandidate(UseParse(result), edit, field, len(candidates)))
     for edit in boundary.request_edits:
         if edit.before != edit.after:
