@@ -26,6 +26,7 @@ do (turning reasoning off), saying so.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -87,7 +88,7 @@ def _change_size(a: str, b: str) -> int:
     a, b = a[start:], b[start:]
     end = common_prefix(a[::-1], b[::-1])
     a, b = a[:len(a) - end], b[:len(b) - end]
-    if 0 < len(a) + len(b) <= 400:
+    if a and b and len(a) + len(b) <= 200:
         matched = sum(block.size for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
         return len(a) + len(b) - 2 * matched
     return len(a) + len(b)
@@ -946,6 +947,7 @@ def _emptied_bindings(boundary: Boundary, ran: dict[int, list], constructs, undo
     return found
 
 
+@functools.lru_cache(maxsize=64)  # asked several times for one break (emitting line, bindings, opening)
 def _alignment(prev: str, nxt: str, at: int, width: int = 24) -> tuple[int, int] | None:
     """(d, e) with the smallest d + e such that the next prompt after its d characters from the break, and the previous
     sequence after its e characters from the break, agree again (for `width` characters, or to the previous

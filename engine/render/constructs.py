@@ -93,7 +93,7 @@ class Evaluation:
 
     construct: int
     message: int
-    before: object = None  # an op's input; a condition's value; a binding's value (text and numbers only, else None)
+    before: object = None  # an op's input; a condition's value; a binding's value (text and numbers only)
     after: object = None  # an op's result; for a binding, the `loop.index0` of the loop over that message, if any
 
 
@@ -120,11 +120,8 @@ def substitution_key(value: object) -> str | None:
 
 
 def _recordable(value: object) -> object:
-    """A binding's value as recorded: text and numbers (what blame compares and substitutes), else None (a namespace,
-    a list of messages: large, and never substituted)."""
-    if isinstance(value, str):
-        return str(value)
-    return value if isinstance(value, (int, float, bool)) or value is None else None
+    """A binding's value as recorded: text (a plain str, not the template's Markup) and numbers."""
+    return str(value) if isinstance(value, str) else value
 
 
 _COMPARISONS = {"eq": "==", "ne": "!=", "gt": ">", "gteq": ">=", "lt": "<", "lteq": "<=", "in": "in",
@@ -324,7 +321,7 @@ def _loop_index(frame, run: _Run) -> int | None:
     if frame is None:
         return None
     for value in frame.f_locals.values():
-        if isinstance(value, LoopContext) and id(getattr(value, "_current", None)) in run.message_ids:
+        if type(value) is LoopContext and id(value._current) in run.message_ids:
             return value.index0
     return None
 
@@ -336,11 +333,12 @@ def message_in_frame(frame, message_ids: dict[int, int]) -> int | None:
     what the code around it renders)."""
     found = None
     for name, value in frame.f_locals.items():
-        if isinstance(value, LoopContext):
-            index = message_ids.get(id(getattr(value, "_current", None)))
+        kind = type(value)
+        if kind is LoopContext:
+            index = message_ids.get(id(value._current))
             if index is not None:
                 return index
-        elif found is None and not name.startswith("l_0_"):
+        elif kind is dict and found is None and not name.startswith("l_0_"):
             found = message_ids.get(id(value))
     return found
 
@@ -448,6 +446,8 @@ class InstrumentedTemplate:
         run = getattr(self._local, "run", None)
         if run is None or (not run.record and ident not in run.substitute):
             return value  # an encoder's module-level assignments run outside any render
+        if substitution_key(value) is None and not isinstance(value, float):
+            return value  # a namespace, a list of messages: never compared nor substituted, not worth a frame walk
         message, frame = self._message_frame(run)
         if run.record:
             run.evaluations.append(Evaluation(ident, message, _recordable(value), _loop_index(frame, run)))
