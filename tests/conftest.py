@@ -90,6 +90,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "blame/test_blame_benchmark.py": {
         "test_blame_names_the_injected_line[[]*": (SLOW,),
         "test_blame_names_the_injected_line[[]engine-*": (REAL,),
+        "test_blame_names_the_injected_line[[]hs-qwen25-call-close-through-vllm]": (REAL,),  # hermes x vLLM: its code
     },
     "test_app.py": {"*": (SLOW, REAL)},  # every test runs the app, whose first page is the default matrix
     "test_app_untrusted.py": {"*": (SLOW, REAL)},
