@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
 
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
@@ -237,11 +237,7 @@ class Glue:
         reply = tokenizer.last_template_call()
         if failure and "error" in reply:
             return {"error": failure}
-        import inspect
-
-        method = type(serving)._apply_jinja_template
-        where = Path(inspect.getsourcefile(method) or "").relative_to(self.root)
-        return {**reply, "entry": f"{where}:{inspect.getsourcelines(method)[1]}"}
+        return {**reply, "entry": source_entry(type(serving)._apply_jinja_template, self.root)}
 
 
 def _attempt(serving: Any, request: Any) -> str | None:

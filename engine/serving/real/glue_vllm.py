@@ -14,7 +14,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
 
 SERVING_MODULES = ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat")
 TOOL_MANAGERS = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
@@ -256,7 +256,7 @@ class Glue:
         renderer = _hf_renderer(renderer_module.HfRenderer, config, tokenizer)
         tokenizer.calls.clear()
         renderer.render_messages(request.messages, params)
-        entry = _entry(renderer_module.HfRenderer.render_messages, self.root)
+        entry = source_entry(renderer_module.HfRenderer.render_messages, self.root)
         return {**tokenizer.last_template_call(), "entry": entry}
 
 
@@ -271,12 +271,6 @@ def _hf_renderer(renderer_class: type, config: Any, tokenizer: Any) -> Any:
     else:
         renderer.model_config, renderer.tokenizer = config, tokenizer
     return renderer
-
-
-def _entry(function: Any, root: Path) -> str:
-    """file:line of the release's function the request went through (what the cell cites)."""
-    lines = inspect.getsourcelines(function)[1]
-    return f"{Path(inspect.getsourcefile(function) or '').relative_to(root)}:{lines}"
 
 
 def _real_template_parser(hf_module: Any) -> None:

@@ -13,6 +13,7 @@ is cheap (RealEngine.traces_cheaply).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import deque
 from pathlib import Path
@@ -96,7 +97,8 @@ class Tracer:
         sys.settrace(None)
 
     def report(self, root: Path) -> dict:
-        def rel(path: str) -> str:
+        @functools.cache
+        def rel(path: str) -> str:  # thousands of executed lines in a few dozen files: each file's path made once
             return str(Path(path).relative_to(root))
 
         lines: dict[str, list[int]] = {}
