@@ -209,8 +209,6 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
     cache = result_cache() if persisted_results_enabled() else None
 
     def key_of_job() -> str | None:  # None while the release's sources are not in the engine cache
-        if fetch.cached_wheel_sha256(spec) is None:
-            return None
         fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
         return fingerprint.key(job) if fingerprint is not None else None
 

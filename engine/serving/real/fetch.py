@@ -124,7 +124,13 @@ def check_release_name(engine: str, version: str) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DRIFT_ENGINE_CACHE") or Path.home() / ".cache" / "drift-explorer" / "engines")
+    # Asked at every ask of a release (the result cache's key): the Path built once per setting.
+    return _cache_dir(os.environ.get("DRIFT_ENGINE_CACHE"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _cache_dir(configured: str | None, home: str | None) -> Path:
+    return Path(configured or Path.home() / ".cache" / "drift-explorer" / "engines")
 
 
 def _session(retries: int = 2):
