@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models import LoadedModel
-from engine.prefix import common_prefix
+from engine.prefix import common_prefix, common_suffix
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
 from engine.serving.spec import EngineSpec
 from engine.types import (
@@ -71,9 +71,8 @@ class _Trial:
 
 def _change_size(a: str, b: str) -> int:
     start = common_prefix(a, b)
-    a, b = a[start:], b[start:]
-    end = common_prefix(a[::-1], b[::-1])
-    return len(a) + len(b) - 2 * end
+    end = common_suffix(a, b, min(len(a), len(b)) - start)
+    return len(a) + len(b) - 2 * (start + end)
 
 
 def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _Trial | None:

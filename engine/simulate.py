@@ -101,11 +101,13 @@ class _Overrides:
 
 def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
                   user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
-                  stop_after: int | None = None, overrides: _Overrides | None = None) -> CellResult:
+                  stop_after: int | None = None, overrides: _Overrides | None = None, tokens: bool = True
+                  ) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
-    status is about those. `engine`: a spec, or its name (parsed here, once)."""
+    status is about those. `tokens=False`: prefixes as strings only (a re-run whose question is the string prefix).
+    `engine`: a spec, or its name (parsed here, once)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
@@ -132,8 +134,9 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
     def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
         return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
     try:
+        # The engine's parses are asked untraced: only the one at the break is traced, for its cause (below).
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation,
-                                trace_parses=explain)
+                                trace_parses=False, tokens=tokens)
     except _Unavailable as err:
         return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
@@ -150,9 +153,30 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         from engine.blame import BlameContext, explain_break
 
         broken = next(b for b in boundaries if not b.holds)
+        if engine.is_serving_engine and not broken.parse.edits and not broken.string_prefix.holds:
+            # (a break in the ids alone is the tokenizer's: no parser line is cited)
+            boundaries, broken = _traced_break(model, scenario, engine, kwargs, overrides, emulation, boundaries,
+                                               broken)
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
         cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+
+
+def _traced_break(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
+                  overrides: _Overrides | None, emulation: EngineEmulation | None, boundaries: tuple[Boundary, ...],
+                  broken: Boundary) -> tuple[tuple[Boundary, ...], Boundary]:
+    """The cell's boundaries with the break's parse asked again with the line tracer, so that its edits cite the
+    release's executed lines (a release's own code answers untraced; the tracer costs up to 150 ms a parse, so only
+    the parse that a cause reads is traced). The other parses are the same jobs as before: answered from the result
+    cache. Unchanged where the traced run does not give the same boundary."""
+    try:
+        again = _roundtrip(model, scenario, engine, kwargs, broken.index, overrides, emulation, trace_at=broken.index)
+    except (_Unavailable, _Failed):
+        return boundaries, broken
+    traced = next((b for b in again if b.index == broken.index), None)
+    if traced is None or (traced.string_prefix, traced.token_prefix) != (broken.string_prefix, broken.token_prefix):
+        return boundaries, broken
+    return tuple(traced if b is broken else b for b in boundaries), traced
 
 
 def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict[str, Any],
@@ -186,17 +210,20 @@ def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | 
 
     def rerun(change: Change) -> Boundary | None:
         index = broken.index
+        # Blame asks these re-runs where the string prefix breaks (engine.blame._trial): no token ids. A fix hint's
+        # re-runs (kwargs, another engine) say whether the boundary holds, as ids too.
         if isinstance(change, UndoTemplate):
             return rerender(model, change.base or broken, change)
         if isinstance(change, UseParse):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, parse=change.parse)))
+                                             overrides=_Overrides(index, parse=change.parse), tokens=False))
         if isinstance(change, UndoRequestEdit):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, request_undo=change.edit)))
+                                             overrides=_Overrides(index, request_undo=change.edit), tokens=False))
         if isinstance(change, EchoingClient):
             echoing = replace(scenario, client={})
-            return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index))
+            return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index,
+                                             tokens=False))
         if isinstance(change, WithKwargs):
             return boundary_of(run_cell_with(model, scenario, engine, {**user_kwargs, **change.kwargs},
                                              explain=False, stop_after=index))
@@ -239,10 +266,12 @@ class _Failed(ExplorerError):
 
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
-               emulation: EngineEmulation | None = None, *, trace_parses: bool = True) -> tuple[Boundary, ...]:
+               emulation: EngineEmulation | None = None, *, trace_parses: bool = True, tokens: bool = True,
+               trace_at: int | None = None) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
     without the line tracer (a cell whose cause is not asked for: blame's re-runs, the app's grid), so no traced edit
-    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150."""
+    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150; `trace_at=N` traces only the parse
+    that boundary N follows."""
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
@@ -307,7 +336,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             if pending is not None:
                 try:
                     boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                      turn.role, last_request))
+                                                      turn.role, last_request, tokens))
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
@@ -320,17 +349,18 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             prompt_ids = boundaries[-1].next_ids
         else:
             prompt, _ = render(history, True)
-            prompt_ids = _ids(model, prompt.text)
+            prompt_ids = _ids(model, prompt.text) if tokens else None
         completion = fmt.write(turn_as_written(model, turn.assistant, prompt.text), stop)
-        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens)
+        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens) if tokens else None
         if emulation is not None:
             request = dict(reasoning_parser=parsers.get("reasoning_parser"),
                            tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
                            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
+            traced_here = traced if trace_at in (None, len(boundaries) + 1) else False
             try:
                 emulation, parsed = parse_served(emulation, text, request, {
-                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced,
+                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced_here,
                     "added_tokens": model.spec.added_tokens})
             except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
@@ -406,7 +436,7 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
 
 
 def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
-                    last_request) -> Boundary:
+                    last_request, tokens: bool = True) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
@@ -417,7 +447,7 @@ def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, re
         next_ids = bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:
         next_prompt, request_edits = render(history, True)
-        next_ids = _ids(model, next_prompt.text)
+        next_ids = _ids(model, next_prompt.text) if tokens else None
     string_check = PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text))
     token_check = None
     if prev_ids is not None and next_ids is not None:
