@@ -520,6 +520,31 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    from engine.models import load_spec
+    from engine.watch.proxy import Watch, WatchSettings, checked_upstream
+
+    upstream = checked_upstream(args.upstream)
+    load_spec(args.model)  # an unknown model is one sentence here, not a failed analysis process later
+    engine = str(known_engine(args.engine)) if args.engine else None
+    if not 1 <= args.port <= 65535:
+        raise ExplorerError(f"watch: --port must be from 1 to 65535, got {args.port}")
+    if args.block_size < 1:
+        raise ExplorerError(f"watch: --block-size must be at least 1, got {args.block_size}")
+    if args.queue < 1:
+        raise ExplorerError(f"watch: --queue must be at least 1, got {args.queue}")
+    settings = WatchSettings(upstream, args.model, engine, args.host, args.port, args.out, args.block_size, args.queue)
+    watch = Watch(settings)
+    watch.start()
+    print(f"drift watch: http://{args.host}:{args.port}{settings.chat_path.rsplit('/chat/', 1)[0]} -> {upstream}; "
+          f"recording to {Path(args.out) / 'records.jsonl'}; metrics at http://{args.host}:{args.port}/metrics "
+          "(Ctrl-C stops)", flush=True)
+    watch.serve()
+    print(f"drift watch: {watch.status()['recorded']} exchange(s) recorded; analyse them again with python -m engine "
+          f"trace {Path(args.out) / 'records.jsonl'} --model {args.model}" + (f" --engine {engine}" if engine else ""))
+    return 0
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse whose refusal is one line, `error: ...`, and exit status 2 (its own prints usage, then the error)."""
 
@@ -664,6 +689,21 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--no-hints", action="store_true", help="causes without fix hints (fewer re-renders)")
     trace.add_argument("--json", metavar="PATH|-")
     trace.set_defaults(func=cmd_trace)
+
+    watch = sub.add_parser("watch", help="a pass-through proxy in front of an OpenAI-compatible server: records "
+                           "every chat exchange and says live where the prefix cache breaks, and why")
+    watch.add_argument("--upstream", required=True, metavar="URL", help="the server, e.g. http://localhost:8000/v1")
+    watch.add_argument("--model", required=True, help="the model it serves (its tokenizer and template)")
+    watch.add_argument("--engine", metavar="E", help="vllm@V, sglang@V or raw: replay every break through it")
+    watch.add_argument("--host", default="127.0.0.1")
+    watch.add_argument("--port", type=int, default=8400)
+    watch.add_argument("--out", default="drift-watch", metavar="DIR", help="where records.jsonl, live.json and "
+                       "status.json are written (default ./drift-watch)")
+    watch.add_argument("--block-size", type=int, default=16, help="the server's KV block size (for the "
+                       "block-granular figures and the cached-tokens comparison)")
+    watch.add_argument("--queue", type=int, default=256, metavar="N", help="exchanges waiting for the analysis at "
+                       "most; more are recorded but not analysed live (counted)")
+    watch.set_defaults(func=cmd_watch)
     return parser
 
 
