@@ -219,6 +219,16 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_every_bundled_config_is_accepted_as_an_upload[[]*": (SLOW,),
         "test_a_template_whose_special_tokens_the_tokenizer_lacks_is_refused": (SLOW,),
     },
+    "test_watch.py": {  # the watch's analysis process loads the model and replays every break; two servers start
+        "test_every_exchange_is_recorded_once_in_its_sessions_order_byte_for_byte": (SLOW,),
+        "test_a_streamed_exchange_is_read_as_the_same_completion": (SLOW,),
+        "test_trace_on_the_records_gives_the_live_sessions_and_breaks": (SLOW,),
+        "test_measured_and_predicted_reuse_side_by_side": (SLOW,),
+        "test_an_upstream_that_fails_mid_stream_is_recorded_as_such": (SLOW,),
+        "test_a_client_that_goes_away_mid_stream": (SLOW,),
+        "test_error_statuses_odd_bodies_and_other_paths_pass_through": (SLOW,),
+        "test_an_evicted_cache_is_a_disagreement_below_the_prediction": (SLOW,),
+    },
     "test_zoo.py": {
         "test_a_fixed_subset_scans_to_exact_outcomes[[]*": (SLOW,),  # the subset scan is their module fixture
         "test_the_subsets_sentences": (SLOW,),

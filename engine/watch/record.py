@@ -7,7 +7,8 @@
 
 `watch.body` is what the upstream sent, byte for byte (UTF-8 text when it is, else `body_base64`); `response` is what
 the reader takes (for a stream, the `data:` chunks put together as the client library does: content, reasoning and
-tool-call arguments concatenated in order, vLLM's `prompt_token_ids` and per-chunk `token_ids`, the last `usage`).
+tool-call arguments concatenated in order, an empty content null, vLLM's `prompt_token_ids` and per-chunk
+`token_ids`, the last `usage`).
 `request_sha256` is of the bytes the client sent, which were forwarded unchanged. An exchange that did not finish
 (`outcome` other than complete: the upstream failed mid-stream, answered an error status or could not be reached,
 the client went away, the request body is not a JSON object) is written all the same, with `complete: false`, so
@@ -116,7 +117,8 @@ def assemble_stream(chunks: list[Any]) -> dict:
                 choice.setdefault("token_ids", []).extend(delta_choice["token_ids"])
     for choice in choices.values():
         message = choice["message"]
-        message.setdefault("content", None)
+        if not message.get("content"):
+            message["content"] = None  # vLLM's first chunk carries content "": a reply of tool calls only has null
         if "tool_calls" in message:
             message["tool_calls"] = [message["tool_calls"][i] for i in sorted(message["tool_calls"])]
     response["choices"] = [choices[i] for i in sorted(choices)]

@@ -12,8 +12,10 @@ cache of that many blocks (least recently used evicted, block keys chained as vL
 its last token, every served sequence (prompt + completion) cached.
 
 Faults, asked by request headers (which the watch forwards unchanged): `x-replay-fail-after: N` breaks the
-connection after N chunks (a stream) or N bytes (JSON); `x-replay-status: 503` answers that status. `sent` keeps,
-per request, the body bytes received and the bytes sent, in order.
+connection after N chunks (a stream) or N bytes (JSON); `x-replay-status: 503` answers that status;
+`x-replay-chunk-gap: S` paces this stream's chunks S seconds apart; `x-replay-evict: 1` empties the prefix cache
+first (a restarted or preempted server). `sent` keeps, per request, the body bytes received and the bytes sent, in
+order, and whether the response was sent whole.
 """
 
 from __future__ import annotations
@@ -162,6 +164,9 @@ class ReplayUpstream:
             await self._whole(send, sent, status, json.dumps({"error": {"message": "asked to fail",
                                                                         "type": "server_error"}}).encode(), None)
             return
+        if headers.get("x-replay-evict") == "1" and self.cache is not None:
+            self.cache.keys.clear()
+        gap = float(headers.get("x-replay-chunk-gap", self.chunk_gap_s))
         response = self._with_cache(response)
         self.served += 1
         if self.first_token_s:
@@ -175,10 +180,13 @@ class ReplayUpstream:
             for n, event in enumerate(events):
                 if fail_after is not None and n == fail_after:
                     raise ConnectionAbortedError("asked to fail mid-stream")
-                if self.chunk_gap_s and n:
-                    await asyncio.sleep(self.chunk_gap_s)
+                if gap and n:
+                    await asyncio.sleep(gap)
+                try:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                except OSError:  # the client (the watch) went away: stop generating, as vLLM aborts the request
+                    return
                 sent.response += event
-                await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             sent.finished = True
             return
