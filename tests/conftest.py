@@ -108,6 +108,12 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_each_model_of_part_two_checks_its_own_template[[]*": (SLOW,),
         "test_errors_are_counted_apart_from_breaks": (SLOW,),
     },
+    "test_ci_gate.py": {
+        "test_the_example_project_fails_the_template_that_breaks_and_passes_the_one_that_holds": (SLOW,),
+        "test_the_actions_script_annotates_each_break_at_its_template_line": (SLOW,),
+        "test_sarif_of_a_breaking_template_validates_and_points_at_the_line": (SLOW,),
+        "test_sarif_of_a_holding_template_and_of_an_engine_cause_validate": (SLOW,),
+    },
     "test_cli_hostile.py": {
         "test_a_subprocess_gets_one_line_and_exit_2[[]*": (SLOW,),
         "test_check_on_a_template_that_loops_on_later_turns_pays_the_limit_once": (SLOW,),
