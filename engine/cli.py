@@ -466,9 +466,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not all(n.isdigit() and int(n) > 0 for n in calls_given):
         raise ExplorerError(f"bench: --long-session-calls must be positive whole numbers or none, got "
                             f"{args.long_session_calls!r}")
+    if args.watch_sessions != "none" and not (args.watch_sessions.isdigit() and int(args.watch_sessions) > 0):
+        raise ExplorerError(f"bench: --watch-sessions must be a positive whole number or none, got "
+                            f"{args.watch_sessions!r}")
+    watch_sessions = 0 if args.watch_sessions == "none" else int(args.watch_sessions)
+    if args.only_watch:
+        from engine.bench import watch_section
+        from engine.watch.overhead import watch_text
+
+        section = watch_section(watch_sessions or 200)
+        if args.json:
+            _write_json({"watch": section}, args.json)
+        if args.json != "-":
+            print("\n".join(watch_text(section)))
+        return 0
     report = run_bench(request, repeat=args.repeat, naive=not args.no_naive,
                        long_session_calls=tuple(int(n) for n in calls_given),
-                       long_session_models=tuple(_split(args.long_session_models) or ()))
+                       long_session_models=tuple(_split(args.long_session_models) or ()),
+                       watch_sessions=watch_sessions)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -677,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--long-session-calls", default="50,200,1000", metavar="N,N,...|none",
                        help="tool calls of the long agent sessions measured (default 50,200,1000; none skips them)")
     bench.add_argument("--long-session-models", default="qwen3.6,glm-5.1", metavar="M,M")
+    bench.add_argument("--watch-sessions", default="200", metavar="N|none", help="concurrent sessions of the watch "
+                       "section: the drift watch against its upstream direct (default 200; none skips it)")
+    bench.add_argument("--only-watch", action="store_true", help="run the watch section alone")
     bench.add_argument("--json", metavar="PATH|-")
     bench.set_defaults(func=cmd_bench)
 
