@@ -14,6 +14,7 @@ navigation = st.navigation([
     st.Page("pages/custom_templates.py", title="Custom templates", icon=":material/upload_file:", url_path="custom"),
     st.Page("pages/session.py", title="Agent session", icon=":material/timeline:", url_path="session"),
     st.Page("pages/traffic.py", title="Your traffic", icon=":material/query_stats:", url_path="traffic"),
+    st.Page("pages/watch.py", title="Live watch", icon=":material/monitoring:", url_path="watch"),
     st.Page("pages/zoo.py", title="Template zoo", icon=":material/pets:", url_path="zoo"),
     # /matrix (the name the page goes by) opens the matrix too, with its query parameters, instead of Streamlit's
     # "Page not found" dialog: the default page is only reachable at "/".

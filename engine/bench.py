@@ -29,6 +29,7 @@ from engine.models import LoadedModel, load_model, load_spec, special_token_vars
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
+from engine.watch.overhead import watch_text
 
 
 @dataclass
@@ -98,6 +99,8 @@ class BenchReport:
     long_conversations: dict[str, Any] = field(default_factory=dict)
     # Long agent sessions (N read_file calls) per model, each point in a fresh process: wall, renders, floor, RSS.
     long_session: dict[str, Any] = field(default_factory=dict)
+    # The drift watch in front of a replay upstream: added latency per request at N concurrent sessions, its RSS.
+    watch: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -637,7 +640,7 @@ def _progress(message: str) -> None:
 
 def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: bool = True,
               long_session_calls: tuple[int, ...] = LONG_SESSION_CALLS,
-              long_session_models: tuple[str, ...] = LONG_SESSION_MODELS,
+              long_session_models: tuple[str, ...] = LONG_SESSION_MODELS, watch_sessions: int = 0,
               progress: Callable[[str], None] = _progress) -> BenchReport:
     request = request or default_request()
     models = request.models
@@ -770,6 +773,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     long_conversations = long_conversation_tokenization(long_model, repeat=repeat) if long_model else {}
     sessions = long_session(long_session_models, long_session_calls, progress, repeat=repeat) \
         if long_session_calls else {}
+    watch = watch_section(watch_sessions, progress) if watch_sessions else {}
     return BenchReport(
         date=datetime.date.today().isoformat(),
         machine=machine_name(),
@@ -819,7 +823,19 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         cache_stats=stats,
         long_conversations=long_conversations,
         long_session=sessions,
+        watch=watch,
     )
+
+
+def watch_section(sessions: int, progress: Callable[[str], None] = _progress) -> dict[str, Any]:
+    """engine.watch.overhead: the watch against its upstream direct, in one run; a failure is the section's note."""
+    from engine.watch.overhead import watch_overhead
+
+    progress(f"watch: {sessions} concurrent sessions, direct and through the watch")
+    try:
+        return watch_overhead(sessions)
+    except (OSError, RuntimeError) as err:
+        return {"sessions": sessions, "error": f"the watch section did not run: {err}"}
 
 
 def report_text(r: BenchReport) -> str:
@@ -867,6 +883,7 @@ def report_text(r: BenchReport) -> str:
                      f"({lc['speedup']:.2f} x; {lc['model']}, {lc['conversations']} fuzz conversations, "
                      f"{lc['strings']} strings, {lc['tokens']} tokens)")
     lines += long_session_text(r.long_session)
+    lines += watch_text(r.watch)
     lines += [f"naive path {m}: {p}" for m, p in r.naive_paths.items()]
     lines += [f"segments {m}: {note}" for m, note in r.segment_reuse.items()]
     return "\n".join(lines)

@@ -108,6 +108,12 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_each_model_of_part_two_checks_its_own_template[[]*": (SLOW,),
         "test_errors_are_counted_apart_from_breaks": (SLOW,),
     },
+    "test_ci_gate.py": {
+        "test_the_example_project_fails_the_template_that_breaks_and_passes_the_one_that_holds": (SLOW,),
+        "test_the_actions_script_annotates_each_break_at_its_template_line": (SLOW,),
+        "test_sarif_of_a_breaking_template_validates_and_points_at_the_line": (SLOW,),
+        "test_sarif_of_a_holding_template_and_of_an_engine_cause_validate": (SLOW,),
+    },
     "test_cli_hostile.py": {
         "test_a_subprocess_gets_one_line_and_exit_2[[]*": (SLOW,),
         "test_check_on_a_template_that_loops_on_later_turns_pays_the_limit_once": (SLOW,),
@@ -218,6 +224,20 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_uploads_real_configs.py": {
         "test_every_bundled_config_is_accepted_as_an_upload[[]*": (SLOW,),
         "test_a_template_whose_special_tokens_the_tokenizer_lacks_is_refused": (SLOW,),
+    },
+    "test_watch.py": {  # the watch's analysis process loads the model and replays every break; two servers start
+        "test_every_exchange_is_recorded_once_in_its_sessions_order_byte_for_byte": (SLOW,),
+        "test_a_streamed_exchange_is_read_as_the_same_completion": (SLOW,),
+        "test_trace_on_the_records_gives_the_live_sessions_and_breaks": (SLOW,),
+        "test_measured_and_predicted_reuse_side_by_side": (SLOW,),
+        "test_an_upstream_that_fails_mid_stream_is_recorded_as_such": (SLOW,),
+        "test_a_client_that_goes_away_mid_stream": (SLOW,),
+        "test_error_statuses_odd_bodies_and_other_paths_pass_through": (SLOW,),
+        "test_an_evicted_cache_is_a_disagreement_below_the_prediction": (SLOW,),
+    },
+    "test_watch_page.py": {  # the module fixture loads qwen3.5 and replays every sample break; the page runs the app
+        "test_the_snapshot_lists_every_break_in_record_order": (SLOW,),
+        "test_the_live_page_shows_sessions_breaks_and_a_break_view": (SLOW,),
     },
     "test_zoo.py": {
         "test_a_fixed_subset_scans_to_exact_outcomes[[]*": (SLOW,),  # the subset scan is their module fixture

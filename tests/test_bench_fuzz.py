@@ -121,7 +121,8 @@ def test_bad_input_is_one_sentence(argv: list[str], message: str, capsys) -> Non
 def test_bench_json_contract() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "engine", "bench", "--models", "qwen3.5", "--scenarios", "tool-call,no-tools-next-user",
-         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--json", "-"],
+         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--watch-sessions", "4",
+         "--json", "-"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)  # a bound, however loaded
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)

@@ -10,7 +10,9 @@
 - `atif`: an ATIF v1.4+ trajectory (the atif 1.8.0 package's schema: steps[].metrics.prompt_token_ids,
   completion_token_ids, cached_tokens).
 - `openai-jsonl`: one {"request", "response"} object a line (chat completions; vLLM's prompt_token_ids and
-  choices[].token_ids when the request sets return_token_ids).
+  choices[].token_ids when the request sets return_token_ids). `python -m engine watch` writes it, with a "watch"
+  object a line (engine/watch/record.py); an exchange it marks incomplete is kept in the file and not read as a
+  request.
 - `mini-swe-agent`: a trajectory_format "mini-swe-agent-1.x" file (mini-swe-agent 2.4.6 DefaultAgent.serialize).
 - `swe-agent`: a SWE-agent 1.x .traj (DefaultAgent.get_trajectory_data: trajectory, history, info).
 
@@ -417,17 +419,24 @@ def _read_openai(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterat
             continue
         count += 1
         try:
-            yield _openai_record(name, line_no, line)
+            request = openai_record(name, line_no, line)
         except TraceFormatError as err:
             skip(err)
+            continue
+        if request is not None:
+            yield request
     if not count:
         raise TraceFormatError(f"{name} holds no request/response line")
 
 
-def _openai_record(name: str, line_no: int, line: str) -> TraceRequest:
-    """One JSONL line: a request and its response."""
+def openai_record(name: str, line_no: int, line: str) -> TraceRequest | None:
+    """One JSONL line: a request and its response; None for an exchange `python -m engine watch` recorded whole but
+    marked cut (`"watch": {"complete": false}`: the upstream failed or answered an error, the client went away), which
+    has no completion to analyse."""
     record = _json_line(name, line_no, line)
     where = f"line {line_no}"
+    if isinstance(record, dict) and isinstance(record.get("watch"), dict) and record["watch"].get("complete") is False:
+        return None
     if not isinstance(record, dict) or not isinstance(record.get("request"), dict) or \
             not isinstance(record.get("response"), dict):
         raise _fail(name, where, "each line needs a request object and a response object")

@@ -11,8 +11,8 @@ from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
-from engine.traces.records import TraceFormatError, skipped_sentence
-from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
+from engine.traces.records import TraceFormatError, TraceRequest, skipped_sentence
+from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, TraceStep, ids_of
 from engine.traces.why import Replay, explain_step
 
 
@@ -80,60 +80,85 @@ class TraceReport:
                 "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped]}
 
 
+class TraceAnalysis:
+    """Requests analysed one at a time, as they are read (`analyse_trace`) or as they arrive (`python -m engine
+    watch`): each is assigned to its session and its step computed at once, and only what a later request needs is
+    kept (per session its latest sequence and request; per break both sides), so memory follows the sessions and the
+    breaks, not the traffic. With `engine` and a model, each break is replayed (`attribute=False`: the causes of
+    reproduced breaks wait for `TraceReport.attribute`)."""
+
+    def __init__(self, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
+                 block_size: int = 16, checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
+                 hints: bool = True, attribute: bool = True) -> None:
+        self.model, self.block_size, self.policy = model, block_size, checkpoint_policy
+        self.spec = replay_engine(engine) if engine is not None else None
+        self.explain, self.hints, self.attribute = explain, hints, attribute
+        self.grouper = Grouper()
+        self.builders: dict[str, SessionBuilder] = {}
+        self.replays: dict[tuple[str, int], Replay] = {}
+        self.format: str | None = None
+
+    def add(self, request: TraceRequest) -> tuple[str, TraceStep, Replay | None]:
+        """The request's session key, its step, and the replay of its break (None when it holds or is not
+        replayed)."""
+        self.format = self.format or request.format
+        prompt, completion, source = ids_of(self.model, request, self.spec)
+        key = self.grouper.assign(request, prompt, completion)
+        builder = self.builders.get(key)
+        if builder is None:
+            builder = self.builders[key] = SessionBuilder(key, self.model, source, self.block_size, self.policy)
+        previous = builder.previous_request
+        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
+        step = builder.add(request, prompt, completion, source)
+        replay = None
+        if step.breaks and self.explain and self.model is not None and self.spec is not None and previous is not None:
+            replay = self.replays[(key, step.row.index)] = explain_step(
+                self.model, self.spec, previous, request, previous_completion, previous_prompt, prompt,
+                step.row.index - 1, hints=self.hints, attribute_now=self.attribute)
+        return key, step, replay
+
+    def report(self, label: str, trace_format: str | None = None,
+               skipped: tuple[TraceFormatError, ...] = ()) -> TraceReport:
+        """Every session so far, in the order of its first request (prefix-grouped ones numbered in that order)."""
+        ordered = sorted(self.builders.values(), key=lambda b: b.first_order)
+        truths = []
+        numbered: dict[tuple[int, int], Replay] = {}
+        for n, builder in enumerate(ordered, start=1):
+            truth = builder.truth()
+            if truth.key.startswith("prefix-"):
+                truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
+            truths.append(truth)
+            for (key, index), replay in self.replays.items():
+                if key == builder.key:
+                    numbered[(n, index)] = replay
+        return TraceReport(label, trace_format or self.format or "", self.model.id if self.model else None,
+                           str(self.spec) if self.spec else None, self.block_size, tuple(truths), numbered,
+                           tuple(skipped))
+
+
 def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
                   trace_format: str | None = None, block_size: int = 16,
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
                   hints: bool = True, attribute: bool = True, name: str | None = None,
                   skip_bad_records: bool = False) -> TraceReport:
-    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break
-    (`attribute=False`: the causes of reproduced breaks wait for `TraceReport.attribute`).
-
-    One pass: a request is assigned to its session and its step computed as it is read, and only what a later
-    request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
-    the sessions and the breaks, not the file.
+    """Read `path` request by request through a `TraceAnalysis`: one pass, memory following the sessions and the
+    breaks, not the file.
 
     `skip_bad_records`: a bad record does not stop the analysis; it is left out (readers.py says what is kept, per
     format) and listed in the report's `skipped`. A file none of whose records is complete is still refused.
     """
     label = name or Path(path).name
-    spec = replay_engine(engine) if engine is not None else None
-    grouper = Grouper()
-    builders: dict[str, SessionBuilder] = {}
-    replays: dict[tuple[str, int], Replay] = {}
-    chosen = trace_format
+    analysis = TraceAnalysis(model, engine=engine, block_size=block_size, checkpoint_policy=checkpoint_policy,
+                             explain=explain, hints=hints, attribute=attribute)
     skipped: list[TraceFormatError] | None = [] if skip_bad_records else None
     for request in read_trace(path, trace_format, name=label, skipped=skipped):
-        chosen = chosen or request.format
-        prompt, completion, source = ids_of(model, request, spec)
-        key = grouper.assign(request, prompt, completion)
-        builder = builders.get(key)
-        if builder is None:
-            builder = builders[key] = SessionBuilder(key, model, source, block_size, checkpoint_policy)
-        previous = builder.previous_request
-        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
-        step = builder.add(request, prompt, completion, source)
-        if step.breaks and explain and model is not None and spec is not None and previous is not None:
-            replays[(key, step.row.index)] = explain_step(model, spec, previous, request, previous_completion,
-                                                          previous_prompt, prompt, step.row.index - 1, hints=hints,
-                                                          attribute_now=attribute)
-    if not builders:
+        analysis.add(request)
+    if not analysis.builders:
         if skipped:
             raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
                                                                      "no other record is a complete request"))
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
-    ordered = sorted(builders.values(), key=lambda b: b.first_order)
-    truths = []
-    numbered: dict[tuple[int, int], Replay] = {}
-    for n, builder in enumerate(ordered, start=1):
-        truth = builder.truth()
-        if truth.key.startswith("prefix-"):
-            truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
-        truths.append(truth)
-        for (key, index), replay in replays.items():
-            if key == builder.key:
-                numbered[(n, index)] = replay
-    return TraceReport(label, chosen or "", model.id if model else None, str(spec) if spec else None, block_size,
-                       tuple(truths), numbered, tuple(skipped or ()))
+    return analysis.report(label, trace_format, tuple(skipped or ()))
 
 
 def report_text(report: TraceReport) -> str:
