@@ -15,7 +15,7 @@ import streamlit as st
 from engine.errors import EngineSpecError
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
-from engine.models import LoadedModel, default_model_ids, load_spec
+from engine.models import LoadedModel, default_model_ids, load_spec, preload_models
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.serving.registry import engine_versions, list_engines
@@ -296,6 +296,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     with st.spinner("Loading the real templates and tokenizers (first view only)…"):
+        preload_models(models)  # two at a time (a failure is said below, by the model it belongs to)
         loaded = {}
         for model_id in models:
             try:
