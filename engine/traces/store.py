@@ -24,7 +24,7 @@ from engine.errors import ExplorerError
 from engine.traces.readers import read_trace
 from engine.traces.records import TraceFormatError
 from engine.traces.truth import Grouper
-from engine.workspace import default_root, fsync_dir, write_atomic
+from engine.workspace import VisitorLimits, check_room, default_root, fsync_dir, write_atomic
 
 _MB = 1024 * 1024
 META = "meta.json"
@@ -74,9 +74,13 @@ def validate_trace(name: str, path: Path) -> tuple[str, int, int]:
 
 
 class TraceStore:
-    def __init__(self, root: str | Path | None = None, limits: TraceLimits | None = None) -> None:
+    def __init__(self, root: str | Path | None = None, limits: TraceLimits | None = None, *,
+                 visitor_limits: VisitorLimits | None = None) -> None:
+        """`root`: a workspace's folder; `visitor_limits`: that of a visitor's workspace (engine/workspace.py), whose
+        uploads and traces share one cap."""
         self.root = (Path(root).expanduser() if root else default_root()) / "traces"
         self.limits = limits
+        self.visitor_limits = visitor_limits
 
     def add(self, name: str, data: bytes) -> StoredTrace:
         limits = self.limits or TraceLimits.from_env()
@@ -87,6 +91,7 @@ class TraceStore:
         trace_id = digest[:16]
         if (self.root / trace_id / META).is_file():
             return self.get(trace_id)
+        check_room(self.root.parent, len(data), name, self.visitor_limits)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{trace_id}-", dir=self.root))
         try:
