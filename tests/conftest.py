@@ -92,6 +92,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_blame_names_the_injected_line[[]engine-*": (REAL,),
     },
     "test_app.py": {"*": (SLOW, REAL)},  # every test runs the app, whose first page is the default matrix
+    "test_app_isolation.py": {"*": (SLOW, REAL)},
     "test_app_untrusted.py": {"*": (SLOW, REAL)},
     "test_bench_fuzz.py": {
         "test_bench_json_contract": (SLOW, REAL),
