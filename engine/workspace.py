@@ -8,9 +8,10 @@ The folder is `$DRIFT_WORKSPACE`, else `~/.drift-explorer/workspace` (`default_r
                                  fsynced and renamed, then the whole folder is renamed to <upload id>
 
 So an upload is either complete or absent: a crash leaves at most a `.tmp-*` folder, which `list()` never reads
-and `tidy()` (run once when the app starts) removes once it is a minute old. The id is a hash of the base model
-and the files' hashes, so uploading the same files again gives the same id (and returns the stored upload, label
-unchanged). Results are recomputed from these stored inputs, so a restart loses nothing.
+and `tidy()` removes once it is a minute old (the app runs it on the operator's workspace when it starts, on a
+visitor's when their Custom templates page opens). The id is a hash of the base model and the files' hashes, so
+uploading the same files again gives the same id (and returns the stored upload, label unchanged). Results are
+recomputed from these stored inputs, so a restart loses nothing.
 
 That folder is the operator's workspace (the CLI's; the app shows its uploads to every visitor, read-only). What a
 visitor uploads through the app goes to a workspace of their own, `visitor_workspace(key)`:

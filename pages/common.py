@@ -335,7 +335,7 @@ def own_workspace() -> Workspace:
     """This visitor's own workspace: what they upload and the traces they store, seen by nobody without their key."""
     workspace = visitor_workspace(visitor_key(), default_root())
     mark_used(workspace)
-    _expire_idle(str(default_root()))
+    _housekeeping(str(default_root()))
     return workspace
 
 
@@ -345,11 +345,12 @@ def shared_workspace() -> Workspace:
 
 
 @st.cache_resource(show_spinner=False, ttl=3600, max_entries=4)
-def _expire_idle(root: str) -> None:
-    """Idle visitor workspaces are deleted when the server starts and then at most once an hour."""
-    deleted = expire_visitor_workspaces(root)
-    if deleted:
-        logging.getLogger(__name__).warning(deleted)
+def _housekeeping(root: str) -> None:
+    """When the server starts and then at most once an hour: idle visitor workspaces are deleted, and the operator's
+    interrupted writes removed (not when it is read-only); said in the server's log."""
+    for done in (expire_visitor_workspaces(root), Workspace(root).tidy()):
+        if done:
+            logging.getLogger(__name__).warning(done)
 
 
 def init_custom_columns() -> None:
