@@ -96,7 +96,8 @@ def _bad_records(trace: StoredTrace) -> None:
     if more:
         lines.append(f"and {more} more bad record{'s' if more > 1 else ''}.")
     records = f"{trace.skipped_count} bad record{'s' if trace.skipped_count > 1 else ''}"
-    st.warning(plain(f"{trace.name}: {records} left out; its other {trace.requests} requests are analysed below.")
+    kept = f"{trace.requests} request{'s are' if trace.requests > 1 else ' is'}"
+    st.warning(plain(f"{trace.name}: {records} left out; its other {kept} analysed below.")
                + "\n\n" + "\n".join(f"- {line}" for line in lines))
 
 

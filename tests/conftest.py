@@ -208,6 +208,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_traffic_page.py": {
         "test_traffic_page_sessions_and_a_break": (SLOW,),
         "test_your_conversation_runs_as_a_matrix_row": (SLOW, REAL),
+        "test_a_trace_with_bad_records_keeps_the_good_ones_and_names_the_first_five": (SLOW, REAL),
     },
     "test_untrusted.py": {
         "test_renders_of_different_templates_do_not_queue_behind_a_looping_one": (SLOW,),

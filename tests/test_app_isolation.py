@@ -29,12 +29,12 @@ APP = str(ROOT / "app.py")
 SAMPLES = ROOT / "samples" / "traces"
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
-# Stored in the hostile session's own workspace, the bad record named: (name, bytes, the bad line, requests kept)
+# Stored in the hostile session's own workspace, the bad record named: (name, bytes, the bad line, what was kept)
 KEPT_TRACES = [
     ("bad.jsonl", (SAMPLES / "malformed" / "openai.jsonl").read_bytes(),
-     "bad.jsonl: line 3: response.choices is empty or not a list", 2),
+     "bad.jsonl: line 3: response.choices is empty or not a list", "2 requests are"),
     ("deep.jsonl", (SAMPLES / "openai.jsonl").read_bytes().splitlines(keepends=True)[0] + DEEP + b"\n",
-     "deep.jsonl: line 2: nested too deeply to read (over Python's recursion limit)", 1),
+     "deep.jsonl: line 2: nested too deeply to read (over Python's recursion limit)", "1 request is"),
 ]
 # Refused whole: no record of them is a request
 HOSTILE_TRACES = [
@@ -157,7 +157,7 @@ def test_five_sessions_one_hostile_see_only_their_own(tmp_path, monkeypatch):
         _submit(hostile, "Store and analyse")
         assert not hostile.error, [e.value for e in hostile.error]
         assert [w.value for w in hostile.warning] == [
-            plain(f"{name}: 1 bad record left out; its other {kept} requests are analysed below.") + "\n\n- "
+            plain(f"{name}: 1 bad record left out; its other {kept} analysed below.") + "\n\n- "
             + plain(bad_line)]
     for name, data, sentence in HOSTILE_TRACES:
         hostile.file_uploader(key="traffic:file").upload(name, data, "application/octet-stream")

@@ -121,3 +121,17 @@ def test_your_conversation_runs_as_a_matrix_row(traffic: AppTest) -> None:
     assert list(row.columns) == default_model_ids()
     assert row.loc["my-conversation", "qwen3.5"] == "✗ -85tok"
     assert row.loc["my-conversation", "deepseek-v4"] == "✓"
+
+
+def test_a_trace_with_bad_records_keeps_the_good_ones_and_names_the_first_five(traffic: AppTest) -> None:
+    first, second = (SAMPLES / "openai.jsonl").read_bytes().splitlines(keepends=True)[:2]
+    traffic.file_uploader(key="traffic:file").upload("many.jsonl", first + b"{}\n" * 10_000 + second,
+                                                     "application/octet-stream")
+    next(b for b in traffic.button if b.label == "Store and analyse").click().run()
+    assert not traffic.exception and not traffic.error, [e.value for e in [*traffic.exception, *traffic.error]]
+    assert [w.value for w in traffic.warning] == [
+        "many.jsonl: 10000 bad records left out; its other 2 requests are analysed below.\n\n"
+        + "\n".join(f"- many.jsonl: line {n}: each line needs a request object and a response object"
+                    for n in range(2, 7))
+        + "\n- and 9995 more bad records."]
+    assert list(traffic.dataframe(key="traffic:sessions").value["requests"]) == [1, 1]
