@@ -598,7 +598,7 @@ def expire_visitor_workspaces(root: str | Path | None = None, limits: VisitorLim
         removed, size = removed + 1, size + used
     if not removed:
         return None
-    return (f"Deleted {_count([0] * removed, 'visitor workspace', 'visitor workspaces')} unused for "
+    return (f"Deleted {removed} visitor workspace{'s' if removed > 1 else ''} unused for "
             f"{limits.idle_days} days or more ({size / _MB:.1f} MB) from {folder}.")
 
 
