@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from pages.common import visitor_key
+
 # An emoji favicon: the pages' material icons would make the browser fetch one from fonts.gstatic.com (offline here).
 st.set_page_config(page_title="Drift matrix explorer", page_icon="📊", layout="wide")
 
@@ -23,4 +25,6 @@ navigation = st.navigation([
     # started on a page reruns through this navigation onto the same page (pages.common.through_the_app).
     st.Page("pages/custom_templates.py", title="Custom templates", url_path="custom_templates", visibility="hidden"),
 ])
+# Every run of every page keeps this visitor's workspace key in the link (a page switch drops the link's parameters).
+visitor_key()
 navigation.run()

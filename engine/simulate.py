@@ -118,6 +118,8 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
         return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
+    except ExplorerError as err:  # a release's worker that hung or died while listing the parsers a pair names
+        return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.ERROR, note=str(err))
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
     emulation = _engine(engine) if engine.is_serving_engine else None
@@ -289,6 +291,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             emulation.check_names(parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
         except ValueError as err:
             raise _Unavailable(str(err)) from err
+        except ExplorerError as err:  # its worker hung or died listing them: this cell's error, the next asks again
+            raise _Failed(f"{emulation.origin}: {err}", ()) from err
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []

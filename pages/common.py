@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import streamlit as st
@@ -36,6 +37,15 @@ from engine.scenario import load_scenario
 from engine.serving.rendering import cell_model
 from engine.simulate import Boundary, CellResult
 from engine.types import Cause, Location
+from engine.workspace import (
+    Workspace,
+    default_root,
+    expire_visitor_workspaces,
+    mark_used,
+    new_visitor_key,
+    visitor_key_problem,
+    visitor_workspace,
+)
 
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
@@ -287,24 +297,73 @@ def user_kwargs(model: LoadedModel) -> dict[str, Any]:
     return out
 
 
-def workspace_root() -> str:
-    """The uploads folder: the operator's setting ($DRIFT_WORKSPACE or the default), never a visitor's."""
-    from engine.workspace import default_root
+# The link's parameter that holds this visitor's workspace key (engine.workspace.visitor_workspace).
+WORKSPACE_PARAM = "workspace"
 
-    return str(default_root())
+
+class CustomColumn(NamedTuple):
+    """An upload shown as a matrix column: its label, base model, and the workspace folder that holds it (this
+    visitor's own, or the operator's shared one)."""
+
+    label: str
+    base_model: str
+    workspace_root: str
+
+
+def visitor_key() -> str:
+    """This browser session's workspace key: the link's `workspace` parameter when it is one, else the session's, else
+    a new one; written back into the link on every run (a page switch drops the link's parameters), so that a reload
+    or a copied link opens the same uploads and traces."""
+    param = st.query_params.get(WORKSPACE_PARAM)
+    key = st.session_state.get("visitor_key")
+    if param is not None and param != key:
+        problem = visitor_key_problem(param)
+        if problem is None:
+            key = param
+        elif key is None:
+            st.warning(plain(f"The link's workspace key was not used ({problem}); this page has a new workspace of "
+                             "its own."))
+    if key is None:
+        key = new_visitor_key()
+    st.session_state.visitor_key = key
+    if st.query_params.get(WORKSPACE_PARAM) != key:
+        st.query_params[WORKSPACE_PARAM] = key
+    return key
+
+
+def own_workspace() -> Workspace:
+    """This visitor's own workspace: what they upload and the traces they store, seen by nobody without their key."""
+    workspace = visitor_workspace(visitor_key(), default_root())
+    mark_used(workspace)
+    _housekeeping(str(default_root()))
+    return workspace
+
+
+def shared_workspace() -> Workspace:
+    """The operator's workspace ($DRIFT_WORKSPACE, the CLI's): its uploads are every visitor's, read-only here."""
+    return Workspace(default_root(), read_only=True)
+
+
+@st.cache_resource(show_spinner=False, ttl=3600, max_entries=4)
+def _housekeeping(root: str) -> None:
+    """When the server starts and then at most once an hour: idle visitor workspaces are deleted, and the operator's
+    interrupted writes removed (not when it is read-only); said in the server's log."""
+    for done in (expire_visitor_workspaces(root), Workspace(root).tidy()):
+        if done:
+            logging.getLogger(__name__).warning(done)
 
 
 def init_custom_columns() -> None:
-    """Once per browser session, on whichever page opens first: every stored upload is a matrix column again
-    (after a refresh or a restart); the Custom page can hide one."""
+    """Once per browser session, on whichever page opens first: every upload of this visitor's workspace and of the
+    operator's shared one is a matrix column again (after a reload or a restart); the Custom page can hide one."""
     if "custom_columns" in st.session_state:
         return
-    st.session_state.custom_columns = {}
-    try:
-        from engine.workspace import Workspace
-
-        listing = Workspace(workspace_root()).list()
-    except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
-        st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
-        return
-    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
+    columns: dict[str, CustomColumn] = {}
+    st.session_state.custom_columns = columns
+    for workspace in (shared_workspace(), own_workspace()):  # one's own upload wins over the same shared one
+        try:
+            listing = workspace.list()
+        except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
+            st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
+            continue
+        columns.update({u.id: CustomColumn(u.label, u.base_model, str(workspace.root)) for u in listing.uploads})

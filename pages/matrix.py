@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.errors import EngineSpecError
+from engine.errors import EngineSpecError, ExplorerError
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec, preload_models
@@ -24,6 +24,7 @@ from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
     LEGEND,
+    WORKSPACE_PARAM,
     cached_model,
     describe_error,
     init_custom_columns,
@@ -33,7 +34,7 @@ from pages.common import (
     status_style,
     through_the_app,
     user_kwargs,
-    workspace_root,
+    visitor_key,
 )
 
 # Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position), and nine model
@@ -56,6 +57,7 @@ class Column:
     model_id: str
     upload_id: str | None = None
     help: str = ""
+    workspace_root: str = ""  # the folder of the upload's workspace (this visitor's, or the operator's shared one)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,6 @@ def _kwargs_from_link(text: str) -> list[str]:
 
 def _link_cell_problem(selected: dict) -> str | None:
     """Why a link's selected cell cannot be opened (an unknown model, scenario, engine or upload), or None."""
-    from engine.errors import ExplorerError
     from engine.serving.registry import known_engine
 
     if selected["model"] not in default_model_ids():
@@ -234,11 +235,11 @@ def _columns(models: list[str], loaded: dict[str, LoadedModel]) -> list[Column]:
         source = loaded[model_id].renderer.source_path
         columns.append(Column(f"{model_id}{mark}", model_id,
                               help=f"{spec.display_name} ({spec.hub_repo}): template {source}{toggled}"))
-        for upload_id, (label, base) in custom.items():
+        for upload_id, (label, base, root) in custom.items():
             if base == model_id:
                 columns.append(Column(f"{model_id}+{label}{mark}", model_id, upload_id,
                                       help=f"your upload {label} ({upload_id[:12]}) for {model_id}{toggled}; "
-                                           f"◆ where it differs from the stock {source}"))
+                                           f"◆ where it differs from the stock {source}", workspace_root=root))
     # Titles index the table: two equal ones would take the whole page down (labels are unique per base model, so
     # this is a guard for hand-edited stores).
     seen: set[str] = set()
@@ -260,7 +261,7 @@ def _run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> CellResult
     re-runs, computed when the cell is opened or exported."""
     if column.upload_id is None:
         return run_cell(column.model_id, row.scenario, row.engine, kwargs, explain=explain)
-    return _custom_cell(column.upload_id, workspace_root(), row.scenario, str(row.engine),
+    return _custom_cell(column.upload_id, column.workspace_root, row.scenario, str(row.engine),
                         json.dumps(kwargs, sort_keys=True), explain)
 
 
@@ -425,10 +426,14 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         upload = selected.get("upload")
         described = None
         if upload:
-            model = _custom_model(upload, workspace_root())
-            cell = _custom_cell(upload, workspace_root(), scenario, str(selected["engine"]),
+            column = st.session_state.custom_columns.get(upload)
+            if column is None:
+                raise ExplorerError(f"the upload {upload[:12]} is hidden on the Custom templates page, or was removed")
+            root = column.workspace_root
+            model = _custom_model(upload, root)
+            cell = _custom_cell(upload, root, scenario, str(selected["engine"]),
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
-            described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
+            described = upload_json(root, upload)  # its evidence carries the template: it replays
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
         show_cell(cell, model, _apply_fix, key="detail", upload=described)
@@ -566,6 +571,7 @@ def _write_url() -> None:
         params.update(model=selected["model"], scenario=selected["scenario"], cell_engine=str(selected["engine"]))
         if selected.get("upload"):
             params["upload"] = selected["upload"]
+    params[WORKSPACE_PARAM] = visitor_key()  # last: the link keeps this visitor's uploads (pages/common.py)
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
 

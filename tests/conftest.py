@@ -92,6 +92,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_blame_names_the_injected_line[[]engine-*": (REAL,),
     },
     "test_app.py": {"*": (SLOW, REAL)},  # every test runs the app, whose first page is the default matrix
+    "test_app_isolation.py": {"*": (SLOW, REAL)},
     "test_app_untrusted.py": {"*": (SLOW, REAL)},
     "test_bench_fuzz.py": {
         "test_bench_json_contract": (SLOW, REAL),
@@ -213,6 +214,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_traffic_page.py": {
         "test_traffic_page_sessions_and_a_break": (SLOW,),
         "test_your_conversation_runs_as_a_matrix_row": (SLOW, REAL),
+        "test_a_trace_with_bad_records_keeps_the_good_ones_and_names_the_first_five": (SLOW, REAL),
     },
     "test_untrusted.py": {
         "test_renders_of_different_templates_do_not_queue_behind_a_looping_one": (SLOW,),

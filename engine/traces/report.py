@@ -11,7 +11,7 @@ from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
-from engine.traces.records import TraceFormatError, TraceRequest, skipped_sentence
+from engine.traces.records import SkippedRecords, TraceFormatError, TraceRequest, skipped_sentence
 from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, TraceStep, ids_of
 from engine.traces.why import Replay, explain_step
 
@@ -25,12 +25,13 @@ class TraceReport:
     block_size: int
     sessions: tuple[SessionTruth, ...]
     replays: dict[tuple[int, int], Replay] = field(default_factory=dict)  # (session, request) 1-based
-    skipped: tuple[TraceFormatError, ...] = ()  # bad records left out (analyse_trace's skip_bad_records)
+    skipped: tuple[TraceFormatError, ...] = ()  # bad records left out (analyse_trace's skip_bad_records), the first 100
+    skipped_count: int = 0  # how many there were in all
 
     @property
     def skipped_sentence(self) -> str | None:
         """One sentence for the bad records left out, or None when every record was read."""
-        return skipped_sentence(self.skipped) if self.skipped else None
+        return skipped_sentence(self.skipped, total=self.skipped_count) if self.skipped else None
 
     @property
     def requests(self) -> int:
@@ -77,7 +78,8 @@ class TraceReport:
                            "lost_tokens": session.lost_tokens, "breaks": session.breaks},
             })
         return {"source": self.source, "format": self.format, "model": self.model, "engine": self.engine,
-                "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped]}
+                "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped],
+                "skipped_count": self.skipped_count}
 
 
 class TraceAnalysis:
@@ -118,7 +120,7 @@ class TraceAnalysis:
         return key, step, replay
 
     def report(self, label: str, trace_format: str | None = None,
-               skipped: tuple[TraceFormatError, ...] = ()) -> TraceReport:
+               skipped: tuple[TraceFormatError, ...] = (), skipped_count: int = 0) -> TraceReport:
         """Every session so far, in the order of its first request (prefix-grouped ones numbered in that order)."""
         ordered = sorted(self.builders.values(), key=lambda b: b.first_order)
         truths = []
@@ -133,7 +135,7 @@ class TraceAnalysis:
                     numbered[(n, index)] = replay
         return TraceReport(label, trace_format or self.format or "", self.model.id if self.model else None,
                            str(self.spec) if self.spec else None, self.block_size, tuple(truths), numbered,
-                           tuple(skipped))
+                           tuple(skipped), skipped_count)
 
 
 def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
@@ -150,7 +152,7 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
     label = name or Path(path).name
     analysis = TraceAnalysis(model, engine=engine, block_size=block_size, checkpoint_policy=checkpoint_policy,
                              explain=explain, hints=hints, attribute=attribute)
-    skipped: list[TraceFormatError] | None = [] if skip_bad_records else None
+    skipped = SkippedRecords() if skip_bad_records else None
     for request in read_trace(path, trace_format, name=label, skipped=skipped):
         analysis.add(request)
     if not analysis.builders:
@@ -158,7 +160,7 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
             raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
                                                                      "no other record is a complete request"))
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
-    return analysis.report(label, trace_format, tuple(skipped or ()))
+    return analysis.report(label, trace_format, tuple(skipped or ()), skipped.count if skipped is not None else 0)
 
 
 def report_text(report: TraceReport) -> str:
@@ -166,7 +168,7 @@ def report_text(report: TraceReport) -> str:
     lines = [f"{report.source}: {report.format}, {len(report.sessions)} session(s), {report.requests} requests"
              + (f", model {report.model}" if report.model else "") + (f", replayed through {report.engine}"
                                                                       if report.engine else "")
-             + (f", {len(report.skipped)} bad record(s) skipped" if report.skipped else "")]
+             + (f", {report.skipped_count} bad record(s) skipped" if report.skipped else "")]
     for s_no, session in enumerate(report.sessions, start=1):
         lines.append(f"session {s_no} ({session.key}, ids {session.ids_source}): {len(session.steps)} requests, "
                      f"{session.prompt_tokens} prompt tokens, {session.reused_tokens} reused, "

@@ -49,6 +49,7 @@ class WorkerLimits:
     memory_mb: int = 3072
     startup_timeout_s: float = 60.0
     parse_timeout_s: float = 20.0
+    list_timeout_s: float = 60.0  # listing its parsers, once per release (imports every parser module)
     max_workers: int = 4  # workers kept alive at once (least recently used is stopped)
 
     @classmethod
@@ -138,7 +139,7 @@ class Worker:
             # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            return self._read(timeout_s, request.get("op", "answer"))
+            return self._read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
 
     def stubbed_dependencies(self) -> str:
         """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
@@ -157,6 +158,8 @@ class Worker:
         return proc.wait()
 
 
+# What a request asks of the worker, as the sentence of a worker that did not answer it says it ("did not parse").
+_DOING = {"parse": "parse", "render": "render", "parsers": "list its parsers"}
 _WORKERS: OrderedDict[str, Worker] = OrderedDict()
 _WORKERS_LOCK = threading.Lock()
 
@@ -465,17 +468,26 @@ class RealEngine(EngineEmulation):
     def origin(self) -> str:
         return f"{self.name} {self.version} (real code)"
 
+    @property
+    def parser_names_path(self) -> Path:
+        """Where the release's parser names are kept once listed (beside its sources in the engine cache)."""
+        return fetch.cache_dir() / "releases" / self.spec / "parsers.json"
+
     def _parser_names(self) -> dict:
+        """The parser names the release registers: from the engine cache, else asked of its worker once (bounded by
+        DRIFT_ENGINE_LIST_TIMEOUT_S). A worker that hangs or dies then raises EngineWorkerError, is stopped, and the
+        next request starts a fresh one and asks again."""
         if self._names is None:
-            path = fetch.cache_dir() / "releases" / self.spec / "parsers.json"
+            path = self.parser_names_path
             if path.exists():
                 self._names = json.loads(path.read_text())
             else:
-                reply = worker_for(self.name, self.version, offline=self.offline).ask({"op": "parsers"}, 60)
+                worker = worker_for(self.name, self.version, offline=self.offline)
+                reply = worker.ask({"op": "parsers"}, WorkerLimits.from_env().list_timeout_s)
                 if not reply.get("ok"):
                     raise EngineWorkerError(f"{self.spec}: cannot list its parsers: {reply.get('error')}")
                 self._names = {"tool_parsers": reply["tool_parsers"], "reasoning_parsers": reply["reasoning_parsers"]}
-                path.write_text(json.dumps(self._names))
+                fetch.write_atomic(path, json.dumps(self._names).encode())  # other processes may be reading it
         return self._names
 
     @property
@@ -497,7 +509,10 @@ class RealEngine(EngineEmulation):
         `added_tokens`, all special) supplies the added tokens. `trace` (default: where it is cheap,
         `traces_cheaply`) runs the line tracer: the result's edits are then the release's executed lines that made each
         field."""
-        self.check_names(reasoning_parser, tool_parser)
+        try:
+            self.check_names(reasoning_parser, tool_parser)
+        except EngineWorkerError as err:  # listing its parsers hung or died: this parse's error, as a hung parse's
+            return ParseResult(None, None, error=str(err))
         if trace is None:
             trace = self.traces_cheaply
         if vocab is None and tokenizer is not None:
