@@ -79,6 +79,7 @@ def qwen35_model():
 
 @pytest.mark.parametrize(("name", "expected"), [
     ("vllm-0.33.0.log", "vllm-log"), ("sglang-0.5.23.log", "sglang-log"), ("verifiers-results.jsonl", "verifiers"),
+    ("verifiers-results.json", "verifiers-json"),
     ("atif.json", "atif"), ("openai.jsonl", "openai-jsonl"), ("mini-swe-agent.traj.json", "mini-swe-agent"),
     ("swe-agent.traj", "swe-agent"),
 ])
@@ -114,6 +115,22 @@ def test_verifiers_sessions_by_trajectory_id(qwen35_model) -> None:
     assert len(report.sessions) == 5 and len(report.sessions[0].key) == 32
     assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
     assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
+
+
+def test_verifiers_rollouts_saved_as_one_json_list(qwen35_model, tmp_path: Path) -> None:
+    """The same rollouts as results.jsonl, saved with json.dump (indented) and as one line (a dataset's
+    to_json(lines=False)): the same sessions, figures and causes."""
+    jsonl = analyse_trace(SAMPLES / "verifiers-results.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    one_line = tmp_path / "results.json"
+    one_line.write_text(json.dumps(json.loads((SAMPLES / "verifiers-results.json").read_text(encoding="utf-8"))),
+                        encoding="utf-8")
+    for path in (SAMPLES / "verifiers-results.json", one_line):
+        report = analyse_trace(path, qwen35_model, engine="vllm@0.33.0", hints=False)
+        assert report.format == "verifiers-json"
+        assert [s.key for s in report.sessions] == [s.key for s in jsonl.sessions]
+        assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+        assert causes(report) == causes(jsonl)
+        assert report.sessions[1].steps[2].request.where == "rollout [1], trajectory[2]"
 
 
 def test_openai_jsonl_sessions_by_session_id(qwen35_model) -> None:
@@ -169,6 +186,8 @@ MALFORMED = {
                   "the list); SGLang logs whole id lists only at --log-requests-level 3",
     "verifiers.jsonl": "verifiers.jsonl: line 1, trajectory[1]: tokens.prompt_ids is not a list of token ids (got "
                        "str)",
+    "verifiers.json": "verifiers.json: rollout [2], trajectory[1]: tokens.completion_ids is not a list of token ids "
+                      "(got NoneType)",
     "atif.json": "atif.json: steps[3]: step_id=7 is not sequential; expected 4",
     "openai.jsonl": "openai.jsonl: line 3: response.choices is empty or not a list",
     "mini-swe-agent.traj.json": "mini-swe-agent.traj.json: messages[2]: a message needs a role",
@@ -189,7 +208,7 @@ def test_an_unknown_file_gets_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as caught:
         list(read_trace(path))
     assert str(caught.value) == ("notes.txt: line 1 is not any trace format read here (vllm-log, sglang-log, atif, "
-                                 "mini-swe-agent, swe-agent, verifiers, openai-jsonl): 'hello'")
+                                 "mini-swe-agent, swe-agent, verifiers, verifiers-json, openai-jsonl): 'hello'")
 
 
 def test_cli_json_shape() -> None:
