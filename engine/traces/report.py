@@ -9,10 +9,11 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
+from engine.traces.grouping import SessionGrouping
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
 from engine.traces.records import TraceFormatError, skipped_sentence
-from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
+from engine.traces.truth import SessionBuilder, SessionTruth, ids_of
 from engine.traces.why import Replay, explain_step
 
 
@@ -97,15 +98,18 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
     """
     label = name or Path(path).name
     spec = replay_engine(engine) if engine is not None else None
-    grouper = Grouper()
+    grouping = SessionGrouping()
     builders: dict[str, SessionBuilder] = {}
+    named: set[str] = set()  # sessions the trace names itself
     replays: dict[tuple[str, int], Replay] = {}
     chosen = trace_format
     skipped: list[TraceFormatError] | None = [] if skip_bad_records else None
     for request in read_trace(path, trace_format, name=label, skipped=skipped):
         chosen = chosen or request.format
         prompt, completion, source = ids_of(model, request, spec)
-        key = grouper.assign(request, prompt, completion)
+        key = grouping.assign(request, prompt, completion)
+        if request.session is not None:
+            named.add(key)
         builder = builders.get(key)
         if builder is None:
             builder = builders[key] = SessionBuilder(key, model, source, block_size, checkpoint_policy)
@@ -126,8 +130,8 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
     numbered: dict[tuple[int, int], Replay] = {}
     for n, builder in enumerate(ordered, start=1):
         truth = builder.truth()
-        if truth.key.startswith("prefix-"):
-            truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
+        if builder.key not in named:  # a session grouping found: numbered in the order of its first request
+            truth = replace(truth, key=f"{truth.key.rsplit('-', 1)[0]}-{n}")
         truths.append(truth)
         for (key, index), replay in replays.items():
             if key == builder.key:

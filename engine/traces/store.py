@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.errors import ExplorerError
+from engine.traces.grouping import SessionGrouping
 from engine.traces.readers import read_trace
 from engine.traces.records import TraceFormatError
-from engine.traces.truth import Grouper
 from engine.workspace import default_root, fsync_dir, write_atomic
 
 _MB = 1024 * 1024
@@ -63,14 +63,14 @@ class StoredTrace:
 
 def validate_trace(name: str, path: Path) -> tuple[str, int, int]:
     """Read every record of the file at `path`: its format, requests and sessions (ids only: no model needed)."""
-    grouper = Grouper()
+    grouping = SessionGrouping()
     count, trace_format = 0, ""
     for request in read_trace(path, name=name):
         count, trace_format = count + 1, request.format
-        grouper.assign(request, request.prompt_ids or (), request.completion_ids or ())
+        grouping.assign(request)
     if not count:
         raise TraceFormatError(f"{name} holds no complete request (a prompt and its completion)")
-    return trace_format, count, grouper.sessions
+    return trace_format, count, grouping.sessions
 
 
 class TraceStore:
