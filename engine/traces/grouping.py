@@ -60,41 +60,32 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _exactly(message: dict) -> str:
-    return json.dumps({k: v for k, v in message.items() if v is not None}, sort_keys=True, ensure_ascii=False,
-                      default=str)
-
-
-def _as_said(message: dict) -> str:
+def _as_said(message: dict) -> int:
     """What identifies a message in its conversation however a client re-sends it: the role and text of a system,
-    user or tool message; an assistant turn by its place alone."""
+    user or tool message; an assistant turn by its place alone. (A hash of strings: no serialisation.)"""
     role = str(message.get("role"))
-    return role if role == "assistant" else json.dumps([role, _text(message.get("content"))], ensure_ascii=False)
+    return hash(role) if role == "assistant" else hash((role, _text(message.get("content"))))
 
 
 @dataclass(frozen=True)
 class MessageKeys:
-    """A request's messages as hashes: each message exactly and as said, and their chains (`exact_chain[i]` stands
-    for messages[:i + 1])."""
+    """A request's messages, their roles, each one as said (`_as_said`) and the chain of those (`said_chain[i]`
+    stands for messages[:i + 1]). Exact equality is checked on the messages themselves, only for candidates."""
 
+    messages: tuple[dict, ...]
     roles: tuple[str, ...]
-    exact: tuple[int, ...]
     said: tuple[int, ...]
-    exact_chain: tuple[int, ...]
     said_chain: tuple[int, ...]
 
 
 def message_keys(messages: Iterable[dict]) -> MessageKeys:
-    roles, exact, said, exact_chain, said_chain = [], [], [], [], []
-    e = s = 0
-    for message in messages:
-        roles.append(str(message.get("role")))
-        exact.append(hash(_exactly(message)))
-        said.append(hash(_as_said(message)))
-        e, s = hash((e, exact[-1])), hash((s, said[-1]))
-        exact_chain.append(e)
-        said_chain.append(s)
-    return MessageKeys(tuple(roles), tuple(exact), tuple(said), tuple(exact_chain), tuple(said_chain))
+    messages = tuple(messages)
+    said = tuple(_as_said(m) for m in messages)
+    chain, h = [], 0
+    for value in said:
+        h = hash((h, value))
+        chain.append(h)
+    return MessageKeys(messages, tuple(str(m.get("role")) for m in messages), said, tuple(chain))
 
 
 def _reply_parts(message: dict) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -155,8 +146,7 @@ class SessionGrouping:
 
     def __init__(self) -> None:
         self.open: dict[str, _Open] = {}
-        self._by_exact: dict[int, list[str]] = {}  # chain hash of a session's latest messages -> sessions
-        self._by_said: dict[int, list[str]] = {}
+        self._by_said: dict[int, list[str]] = {}  # chain hash (as said) of a session's latest messages -> sessions
         self._by_first: dict[int, list[str]] = {}  # chain hash (as said) of a session's first messages -> sessions
         self._deepest: dict[int, str] = {}  # block-chain hash -> the session whose latest sequence last held it
 
@@ -177,7 +167,7 @@ class SessionGrouping:
         keys = message_keys(request.messages) if request.messages else None
         key = None
         if keys is not None:
-            key = self._continued(keys, request.messages or (), prompt) or self._rewritten(keys, prompt)
+            key = self._continued(keys, prompt) or self._rewritten(keys, prompt)
         if key is None:
             key = self._by_tokens(prompt, messages_known=keys is not None)
         if key is None:
@@ -191,17 +181,17 @@ class SessionGrouping:
         self._keep(self.open[key], request, keys, prompt, completion)
         return key
 
-    def _continued(self, keys: MessageKeys, messages: tuple[dict, ...], prompt: tuple[int, ...]) -> str | None:
+    def _continued(self, keys: MessageKeys, prompt: tuple[int, ...]) -> str | None:
         """The session this request continues (step 2 of the module docstring)."""
         for i in range(len(keys.roles) - 1, 0, -1):
             if keys.roles[i] != "assistant":
                 continue
-            exact = [k for k in self._by_exact.get(keys.exact_chain[i - 1], ())
-                     if self.open[k].latest.exact == keys.exact[:i]]  # type: ignore[union-attr]
-            said = exact or [k for k in self._by_said.get(keys.said_chain[i - 1], ())
-                             if self.open[k].latest.said == keys.said[:i]]  # type: ignore[union-attr]
+            said = [k for k in self._by_said.get(keys.said_chain[i - 1], ())
+                    if self.open[k].latest.said == keys.said[:i]]  # type: ignore[union-attr]
             if said:
-                return self._best(said, messages[i], prompt)
+                before = keys.messages[:i]
+                exact = [k for k in said if self.open[k].latest.messages == before]  # type: ignore[union-attr]
+                return self._best(exact or said, keys.messages[i], prompt)
         return None
 
     def _best(self, candidates: list[str], sent: dict, prompt: tuple[int, ...]) -> str:
@@ -255,13 +245,11 @@ class SessionGrouping:
         """`request` is now its session's latest."""
         if keys is not None:
             if session.latest is not None:
-                for index, h in ((self._by_exact, session.latest.exact_chain[-1]),
-                                 (self._by_said, session.latest.said_chain[-1])):
-                    index[h].remove(session.key)
-                    if not index[h]:
-                        del index[h]
+                listed = self._by_said[session.latest.said_chain[-1]]
+                listed.remove(session.key)
+                if not listed:
+                    del self._by_said[session.latest.said_chain[-1]]
             session.latest = keys
-            self._by_exact.setdefault(keys.exact_chain[-1], []).append(session.key)
             self._by_said.setdefault(keys.said_chain[-1], []).append(session.key)
         session.reply, session.output_text = request.response_message, request.completion_text
         session.prompt, session.completion = prompt, completion
