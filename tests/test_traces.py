@@ -118,13 +118,13 @@ def test_verifiers_sessions_by_trajectory_id(qwen35_model) -> None:
 
 
 def test_verifiers_rollouts_saved_as_one_json_list(qwen35_model, tmp_path: Path) -> None:
-    """The same rollouts as results.jsonl, saved with json.dump (indented) and as one line (a dataset's
-    to_json(lines=False)): the same sessions, figures and causes."""
+    """The same rollouts as results.jsonl, saved with json.dump (one line, as a dataset's to_json(lines=False) too)
+    and indented: the same sessions, figures and causes."""
     jsonl = analyse_trace(SAMPLES / "verifiers-results.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
-    one_line = tmp_path / "results.json"
-    one_line.write_text(json.dumps(json.loads((SAMPLES / "verifiers-results.json").read_text(encoding="utf-8"))),
-                        encoding="utf-8")
-    for path in (SAMPLES / "verifiers-results.json", one_line):
+    indented = tmp_path / "results.json"
+    indented.write_text(json.dumps(json.loads((SAMPLES / "verifiers-results.json").read_text(encoding="utf-8")),
+                                   indent=2), encoding="utf-8")
+    for path in (SAMPLES / "verifiers-results.json", indented):
         report = analyse_trace(path, qwen35_model, engine="vllm@0.33.0", hints=False)
         assert report.format == "verifiers-json"
         assert [s.key for s in report.sessions] == [s.key for s in jsonl.sessions]

@@ -294,9 +294,8 @@ def write_verifiers(path: Path, all_sessions: list[list[Request]], model_name: s
             "metrics": {}, "stop_condition": "no_tools_called", "error": None, "trajectory": steps,
             "tool_defs": first.tools, "timing": {"start_time": 1764581400.0},
         }, ensure_ascii=False))
-    if as_list:
-        path.write_text(json.dumps([json.loads(line) for line in lines], indent=2, ensure_ascii=False) + "\n",
-                        encoding="utf-8")
+    if as_list:  # as json.dump writes it: one line
+        path.write_text(json.dumps([json.loads(line) for line in lines], ensure_ascii=False) + "\n", encoding="utf-8")
         return
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -442,7 +441,7 @@ def write_malformed(out: Path) -> None:
     (bad / "verifiers.jsonl").write_text(json.dumps(rollout) + "\n", encoding="utf-8")
     rollouts = json.loads((out / "verifiers-results.json").read_text(encoding="utf-8"))
     del rollouts[2]["trajectory"][1]["tokens"]["completion_ids"]
-    (bad / "verifiers.json").write_text(json.dumps(rollouts[:3], indent=2) + "\n", encoding="utf-8")
+    (bad / "verifiers.json").write_text(json.dumps(rollouts[:3]) + "\n", encoding="utf-8")
     atif = json.loads((out / "atif.json").read_text(encoding="utf-8"))
     atif["steps"][3]["step_id"] = 7
     (bad / "atif.json").write_text(json.dumps(atif, indent=2) + "\n", encoding="utf-8")
