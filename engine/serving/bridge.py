@@ -83,11 +83,9 @@ def turn_closes(model: LoadedModel, completion: Completion) -> tuple[str, ...]:
     return tuple(sorted((c for c in closes if c), key=len, reverse=True))
 
 
-def _after_close(model: LoadedModel, completion: Completion, synthetic: list[dict], new_messages: list[dict],
-                 render: Callable[[list[dict]], Rendered]) -> tuple[Rendered, int]:
-    """The render of `synthetic` + `new_messages` and where the bridge takes its text from: after the synthetic
-    turn's close (at it, after a truncation: the close is then written as the template writes it)."""
-    extended = render(synthetic + new_messages)
+def _after_close(model: LoadedModel, completion: Completion, synthetic: list[dict], extended: Rendered) -> int:
+    """Where the bridge takes its text from in `extended`, the render of `synthetic` + the new messages: after the
+    synthetic turn's close (at it, after a truncation: the close is then written as the template writes it)."""
     text, idx = extended.text, extended.message_index
     first_new = len(synthetic)
     # C-speed tuple.index per distinct message instead of a Python loop over every character.
@@ -105,7 +103,7 @@ def _after_close(model: LoadedModel, completion: Completion, synthetic: list[dic
                           f"close ({', '.join(turn_closes(model, completion))}) after the assistant turn it renders "
                           "the new messages after")
     # After a truncation the close is synthesised as the template writes it; otherwise the model sampled it.
-    return extended, close_at if completion.truncated else close_at + len(close)
+    return close_at if completion.truncated else close_at + len(close)
 
 
 def bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, assistant: dict,
@@ -126,11 +124,13 @@ def bridge_prompt(model: LoadedModel, prompt: Rendered, completion: Completion, 
                           "replace what the model sampled (new messages: " + ", ".join(map(str, roles)) + ")")
     refusals: list[RenderError] = []
     for what, histories in synthetic_choices(assistant, new_messages):
-        try:
-            renders = [_after_close(model, completion, synthetic, new_messages, render) for synthetic in histories]
+        try:  # only the template's refusal tries the next choice (a render without provenance is an error)
+            extended_renders = [render(synthetic + new_messages) for synthetic in histories]
         except RenderError as err:
             refusals.append(err)
             continue
+        renders = [(extended, _after_close(model, completion, synthetic, extended))
+                   for synthetic, extended in zip(histories, extended_renders)]
         if len({extended.text[kept_from:] for extended, kept_from in renders}) == 1:
             extended, kept_from = renders[0]
             first_new = len(histories[0])
