@@ -711,12 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.set_defaults(func=cmd_fuzz)
 
     trace = sub.add_parser("trace", help="your own traffic: where a logged trace's prefix cache broke, and why")
-    trace.add_argument("file", help="a vLLM or SGLang request log, verifiers results.jsonl, an ATIF, "
-                       "mini-swe-agent or SWE-agent trajectory, or OpenAI-style request/response JSONL")
+    trace.add_argument("file", help="a vLLM or SGLang request log, verifiers results.jsonl (or its rollouts as one "
+                       "JSON list), an ATIF, mini-swe-agent or SWE-agent trajectory, or OpenAI-style "
+                       "request/response JSONL")
     trace.add_argument("--model", help="the model that served it (its tokenizer decodes, its template replays)")
     trace.add_argument("--engine", metavar="E", help="vllm@V, sglang@V or raw: replay every break through it")
-    trace.add_argument("--format", help="skip auto-detection: vllm-log, sglang-log, verifiers, atif, openai-jsonl, "
-                       "mini-swe-agent, swe-agent")
+    trace.add_argument("--format", help="skip auto-detection: vllm-log, sglang-log, verifiers, verifiers-json, atif, "
+                       "openai-jsonl, mini-swe-agent, swe-agent")
     trace.add_argument("--block-size", type=int, default=16)
     trace.add_argument("--no-hints", action="store_true", help="causes without fix hints (fewer re-renders)")
     trace.add_argument("--json", metavar="PATH|-")

@@ -22,7 +22,13 @@ from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.serving.base import EngineEmulation, RequestPrep
-from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
+from engine.serving.bridge import (
+    CHOICE_NOTE,
+    BridgeUnavailable,
+    bridge_ids,
+    bridge_prompt,
+    sampled_completion_ids,
+)
 from engine.serving.raw import raw_request
 from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
@@ -147,6 +153,9 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
     if engine.kind == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
+        for b in boundaries:
+            if CHOICE_NOTE in b.next_prompt.origin:
+                used += f"; at request {b.index + 1} {CHOICE_NOTE}{b.next_prompt.origin.split(CHOICE_NOTE, 1)[1]}"
         note = f"{used}; {note}" if note else used
     if all(b.holds for b in boundaries):
         return cell(status=Status.HOLDS, boundaries=boundaries, note=note)
@@ -304,6 +313,13 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
     last_request: list[RenderRequest | None] = [None]  # what the latest render was given
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
+        try:
+            return render_or_refuse(messages, generation_prompt)
+        except RenderError as err:
+            raise _Failed(str(err), tuple(boundaries)) from err
+
+    def render_or_refuse(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
+        """The request rendered; RenderError where the template refuses it (the bridge tries other histories)."""
         edits: tuple[Edit, ...] = ()
         # A copy of the list: the history grows after this render, the request it records must not.
         messages = list(messages)
@@ -320,13 +336,10 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                 edits = tuple(e for e in edits if e != overrides.request_undo)
         else:
             to_render = raw_request(messages, fmt.arguments_in_history)
-        try:
-            rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
-                                             kwargs=template_kwargs)
-            last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=messages)
-            return rendered, edits
-        except RenderError as err:
-            raise _Failed(str(err), tuple(boundaries)) from err
+        rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
+                                         kwargs=template_kwargs)
+        last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=messages)
+        return rendered, edits
 
     for position, turn in enumerate(scenario.turns):
         if turn.role in ("user", "tool"):
@@ -339,8 +352,10 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                 continue
             if pending is not None:
                 try:
-                    boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                      turn.role, last_request, tokens))
+                    boundaries.append(_close_boundary(model, engine, history, pending, render, render_or_refuse,
+                                                      len(boundaries) + 1, turn.role, last_request, tokens))
+                except BridgeUnavailable as err:  # the template refuses the new messages after any closed turn
+                    raise _Unavailable(str(err)) from err
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
@@ -439,14 +454,14 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
     return replace(turn, reasoning=None)
 
 
-def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
-                    last_request, tokens: bool = True) -> Boundary:
+def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, render_or_refuse, index,
+                    trigger, last_request, tokens: bool = True) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
     if engine.kind == "bridge":
         next_prompt = bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
-                                    assistant_index, lambda messages: render(messages, True)[0])
+                                    assistant_index, lambda messages: render_or_refuse(messages, True)[0])
         request_edits: tuple[Edit, ...] = ()
         next_ids = bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:

@@ -123,6 +123,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_engine_request_side.py": {
         "test_the_column_renders_what_the_engine_renders[[]*": (SLOW, REAL),
         "test_vllm_renders_deepseek_v4_with_its_bundled_encoder": (SLOW, REAL),
+        "test_vllm_renders_deepseek_v3_2_through_its_deepseek_v32_tokenizer_mode": (SLOW, REAL),
         "test_vllm_0_16_renders_through_its_own_hf_renderer": (SLOW, REAL),
         "test_vllm_0_21_ignores_the_clients_reasoning_content": (SLOW, REAL),
         "test_sglang_renders_deepseek_v3_2_with_its_bundled_encoder": (SLOW, REAL),

@@ -382,7 +382,7 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     assert "(sglang-log, 11 requests, 5 session(s))" in stored.inner_text()
     page.get_by_role("combobox").nth(2).click()  # the engine that served it
     page.get_by_role("option", name="sglang@0.5.23").click()
-    page.get_by_text("Session 2 (prefix-2)").wait_for()
+    page.get_by_text("Session 2 (conversation-2)").wait_for()
     grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
     grid.scroll_into_view_if_needed()
     box = grid.bounding_box()

@@ -9,10 +9,11 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
+from engine.traces.grouping import SessionGrouping
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
 from engine.traces.records import SkippedRecords, TraceFormatError, TraceRequest, skipped_sentence
-from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, TraceStep, ids_of
+from engine.traces.truth import SessionBuilder, SessionTruth, TraceStep, ids_of
 from engine.traces.why import Replay, explain_step
 
 
@@ -95,8 +96,9 @@ class TraceAnalysis:
         self.model, self.block_size, self.policy = model, block_size, checkpoint_policy
         self.spec = replay_engine(engine) if engine is not None else None
         self.explain, self.hints, self.attribute = explain, hints, attribute
-        self.grouper = Grouper()
+        self.grouping = SessionGrouping()
         self.builders: dict[str, SessionBuilder] = {}
+        self.named: set[str] = set()  # sessions the trace names itself
         self.replays: dict[tuple[str, int], Replay] = {}
         self.format: str | None = None
 
@@ -105,7 +107,9 @@ class TraceAnalysis:
         replayed)."""
         self.format = self.format or request.format
         prompt, completion, source = ids_of(self.model, request, self.spec)
-        key = self.grouper.assign(request, prompt, completion)
+        key = self.grouping.assign(request, prompt, completion)
+        if request.session is not None:
+            self.named.add(key)
         builder = self.builders.get(key)
         if builder is None:
             builder = self.builders[key] = SessionBuilder(key, self.model, source, self.block_size, self.policy)
@@ -121,14 +125,15 @@ class TraceAnalysis:
 
     def report(self, label: str, trace_format: str | None = None,
                skipped: tuple[TraceFormatError, ...] = (), skipped_count: int = 0) -> TraceReport:
-        """Every session so far, in the order of its first request (prefix-grouped ones numbered in that order)."""
+        """Every session so far, in the order of its first request (those the grouping found numbered in that
+        order)."""
         ordered = sorted(self.builders.values(), key=lambda b: b.first_order)
         truths = []
         numbered: dict[tuple[int, int], Replay] = {}
         for n, builder in enumerate(ordered, start=1):
             truth = builder.truth()
-            if truth.key.startswith("prefix-"):
-                truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
+            if builder.key not in self.named:  # a session grouping found: numbered in the order of its first request
+                truth = replace(truth, key=f"{truth.key.rsplit('-', 1)[0]}-{n}")
             truths.append(truth)
             for (key, index), replay in self.replays.items():
                 if key == builder.key:

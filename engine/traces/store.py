@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.errors import ExplorerError
+from engine.traces.grouping import SessionGrouping
 from engine.traces.readers import read_trace
 from engine.traces.records import SkippedRecords, TraceFormatError, skipped_sentence
-from engine.traces.truth import Grouper
 from engine.workspace import VisitorLimits, check_room, default_root, fsync_dir, write_atomic
 
 _MB = 1024 * 1024
@@ -84,18 +84,18 @@ class TraceCheck:
 def validate_trace(name: str, path: Path) -> TraceCheck:
     """Read every record of the file at `path` (ids only: no model needed), leaving the bad ones out as the analysis
     does; TraceFormatError when no record is a complete request."""
-    grouper = Grouper()
+    grouping = SessionGrouping()
     count, trace_format = 0, ""
     skipped = SkippedRecords(kept=SKIPPED_KEPT)
     for request in read_trace(path, name=name, skipped=skipped):
         count, trace_format = count + 1, request.format
-        grouper.assign(request, request.prompt_ids or (), request.completion_ids or ())
+        grouping.assign(request)
     if not count:
         if skipped:
             raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
                                                                      "no other record is a complete request"))
         raise TraceFormatError(f"{name} holds no complete request (a prompt and its completion)")
-    return TraceCheck(trace_format, count, grouper.sessions, tuple(str(e) for e in skipped), skipped.count)
+    return TraceCheck(trace_format, count, grouping.sessions, tuple(str(e) for e in skipped), skipped.count)
 
 
 class TraceStore:

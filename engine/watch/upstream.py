@@ -235,9 +235,10 @@ def recorded_sessions(path: str | Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def session_request(request: dict[str, Any], user: str, stream: bool) -> bytes:
-    """A recorded request as a client of the watch sends it: its own session id in `user` (OpenAI's field, which
-    the trace readers group by), streamed or not, with usage in the stream."""
-    body = {**request, "user": user, "stream": stream}
+    """A recorded request as a client of the watch sends it: its session's id in `session_id` (a body field the
+    trace readers group by; engine/traces/grouping.py) and in OpenAI's `user`, streamed or not, with usage in the
+    stream."""
+    body = {**request, "user": user, "session_id": user, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body, ensure_ascii=False).encode()
