@@ -156,13 +156,17 @@ class _Events:
 
     def __init__(self, fd: int) -> None:
         self.fd, self.lock = fd, threading.Lock()
+        self.listened = True
 
     def send(self, event: dict[str, Any]) -> None:
         data = (json.dumps(event, ensure_ascii=False) + "\n").encode()
         with self.lock:
             view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+            try:
+                while view and self.listened:
+                    view = view[os.write(self.fd, view):]
+            except BrokenPipeError:  # the proxy is gone: the records are still written, to the last frame
+                self.listened = False
 
 
 def run_analysis(settings: AnalysisSettings, frames_fd: int, events_fd: int) -> None:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -319,13 +320,21 @@ class Watch:
         return self.app
 
     def _read_events(self, fd: int) -> None:
-        written = 0.0
-        with os.fdopen(fd, "rb") as stream:
-            for line in stream:
-                self._event(json.loads(line))
-                if time.monotonic() - written >= 1.0:
-                    self.write_status()
-                    written = time.monotonic()
+        """The analysis process' events until it ends; status.json rewritten once a second meanwhile."""
+        written, pending = 0.0, b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    self._event(json.loads(line))
+            if time.monotonic() - written >= 1.0:
+                self.write_status()
+                written = time.monotonic()
+        os.close(fd)
         if self.analysis_state in ("starting", "ready"):
             self.analysis_state = "done" if self.process and self.process.poll() == 0 else "stopped"
         self.write_status()
@@ -385,11 +394,18 @@ class Watch:
         """A uvicorn server for the app (`start()` first): uvloop and httptools when they are installed."""
         import uvicorn
 
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # uvicorn raises a signal that stopped it again once it has stopped, which would end this process
+                # before `stop()` hands the analysis process what is pending: the signal is handled here.
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()
+
         logging.getLogger("uvicorn.error").addFilter(_QuietCuts())
         config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port, lifespan="on",
                                 log_level="warning", access_log=False, server_header=False, date_header=False,
                                 timeout_keep_alive=75, backlog=4096, proxy_headers=False)
-        return uvicorn.Server(config)
+        return Server(config)
 
     def serve(self) -> None:
         server = self.server()
