@@ -36,11 +36,11 @@ def _breaks(snapshot: WatchSnapshot) -> pd.DataFrame:
     rows = []
     for b in snapshot.breaks():
         cause = b.get("cause") or {}
-        rows.append({"session": b["session"], "id": b["key"], "request": b["index"], "record": b["where"],
-                     "reused": b["reused_tokens"], "prefill": b["prefill_tokens"],
-                     "first differing token": b["first_break"]["token"],
+        rows.append({"session": b["session"], "request": b["index"],
                      "cause": f"{cause.get('stage')} ({cause.get('kind')})" if cause else
-                     (b.get("replay") or {}).get("detail", "not replayed"), "at": cause.get("location", "")})
+                     (b.get("replay") or {}).get("detail", "not replayed"), "at": cause.get("location", ""),
+                     "id": b["key"], "record": b["where"], "reused": b["reused_tokens"],
+                     "prefill": b["prefill_tokens"], "first differing token": b["first_break"]["token"]})
     return pd.DataFrame(rows)
 
 
@@ -89,7 +89,7 @@ def _break_view(snapshot: WatchSnapshot, session: int, request: int) -> None:
 
 def main() -> None:
     st.title("Live watch")
-    st.caption("Point python -m engine watch --upstream http://HOST:PORT/v1 --model M --engine vllm@V at your "
+    st.caption("Point `python -m engine watch --upstream http://HOST:PORT/v1 --model M --engine vllm@V` at your "
                "server and your clients at the watch: each chat exchange is recorded, and every break of the prefix "
                "cache is shown here with its cause as it happens.")
     folder = st.text_input("The watch's folder (--out)", st.session_state.get("watch:folder", "drift-watch"),
@@ -110,8 +110,11 @@ def main() -> None:
         if table.empty:
             st.success("No break so far: every prompt extends its session's previous sequence.")
             return
+        # The cause and its place are what a reader looks for: wide enough to read whole.
         picked = st.dataframe(table, hide_index=True, on_select="rerun", selection_mode="single-row",
-                              key="watch:breaks")
+                              key="watch:breaks", column_config={
+                                  "cause": st.column_config.TextColumn(width="medium"),
+                                  "at": st.column_config.TextColumn(width="large")})
         rows = picked.selection.rows if picked and picked.selection else []
         if rows:
             row = table.iloc[rows[0]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import queue
 import socket
 import threading
@@ -27,9 +28,8 @@ import uvicorn
 
 from engine.traces.report import analyse_trace
 from engine.watch.live import read_watch
-from engine.watch.metrics import WatchMetrics
-from engine.watch.proxy import Recorder, Watch, WatchSettings
-from engine.watch.record import Exchange, upstream_body
+from engine.watch.proxy import Watch, WatchSettings
+from engine.watch.record import Exchange, Recorder, exchange_frame, upstream_body
 from engine.watch.upstream import ReplayUpstream, load_completions, recorded_sessions, session_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def played(running):
     sessions = recorded_sessions(SAMPLE)
     got = asyncio.run(play(running["base"], sessions))
     total = sum(len(v) for v in got.values())
-    wait_until(lambda: running["watch"].recorder.lines >= total, "every exchange to be recorded")
+    wait_until(lambda: running["watch"].recorded >= total, "every exchange to be recorded")
     return {**running, "got": got, "sessions": sessions, "total": total}
 
 
@@ -164,7 +164,7 @@ def test_trace_on_the_records_gives_the_live_sessions_and_breaks(played, qwen35)
     wait_until(lambda: read_watch(played["out"]).live.get("analysed") == played["total"],
                "the live analysis to catch up")
     live = read_watch(played["out"])
-    assert watch.recorder.dropped == 0 and live.live["incomplete"] == 0 and live.live["errors"] == []
+    assert watch.dropped == 0 and live.live["incomplete"] == 0 and live.live["errors"] == []
     report = analyse_trace(played["out"] / "records.jsonl", qwen35, engine="vllm@0.33.0")
     assert report.to_json() == live.report
     # each session's break and cause as the sample's
@@ -208,14 +208,14 @@ def _one_request(base: str, name: str, index: int, user: str, stream: bool, head
 
 def test_an_upstream_that_fails_mid_stream_is_recorded_as_such(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorder.lines
+    before = watch.recorded
     body, headers = _one_request(base, "tool-call-1", 0, "fails/stream", True, {"x-replay-fail-after": "3"})
     with pytest.raises(httpx.RemoteProtocolError):  # the client's connection breaks, as the upstream's did
         httpx.post(f"{base}/chat/completions", content=body, headers=headers, timeout=BOUND_S)
     body2, headers2 = _one_request(base, "tool-call-1", 0, "fails/json", False, {"x-replay-fail-after": "100"})
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.post(f"{base}/chat/completions", content=body2, headers=headers2, timeout=BOUND_S)
-    wait_until(lambda: watch.recorder.lines >= before + 2, "both exchanges to be recorded")
+    wait_until(lambda: watch.recorded >= before + 2, "both exchanges to be recorded")
     mine = {r["request"].get("user"): r for r in records(running["out"]) if "fails/" in str(r["request"].get("user"))}
     sent = {s.request: s for s in running["upstream"].sent}
     for user, raw in (("fails/stream", body), ("fails/json", body2)):
@@ -228,12 +228,12 @@ def test_an_upstream_that_fails_mid_stream_is_recorded_as_such(running):
 
 def test_a_client_that_goes_away_mid_stream(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorder.lines
+    before = watch.recorded
     body, headers = _one_request(base, "next-user-turn-2", 0, "gone/stream", True, {"x-replay-chunk-gap": "0.5"})
     with httpx.Client(timeout=BOUND_S) as client:
         with client.stream("POST", f"{base}/chat/completions", content=body, headers=headers) as response:
             received = next(response.iter_raw())
-    wait_until(lambda: watch.recorder.lines >= before + 1, "the exchange to be recorded")
+    wait_until(lambda: watch.recorded >= before + 1, "the exchange to be recorded")
     record = next(r for r in records(running["out"]) if r["request"].get("user") == "gone/stream")
     assert (record["watch"]["outcome"], record["watch"]["complete"]) == ("client-gone", False)
     sent = next(s for s in running["upstream"].sent if s.request == body)
@@ -246,7 +246,7 @@ def test_a_client_that_goes_away_mid_stream(running):
 
 def test_error_statuses_odd_bodies_and_other_paths_pass_through(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorder.lines
+    before = watch.recorded
     body, headers = _one_request(base, "tool-call-1", 0, "status/json", False, {"x-replay-status": "503"})
     answer = httpx.post(f"{base}/chat/completions", content=body, headers=headers, timeout=BOUND_S)
     assert answer.status_code == 503 and answer.json()["error"]["message"] == "asked to fail"
@@ -256,21 +256,21 @@ def test_error_statuses_odd_bodies_and_other_paths_pass_through(running):
     assert any(s.request == odd for s in running["upstream"].sent)
     models = httpx.get(f"{base}/models", timeout=BOUND_S)
     assert models.json() == {"object": "list", "data": []}
-    wait_until(lambda: watch.recorder.lines >= before + 2, "both chat exchanges to be recorded")
+    wait_until(lambda: watch.recorded >= before + 2, "both chat exchanges to be recorded")
     lines = records(running["out"])[before:]
     assert sorted(r["watch"]["outcome"] for r in lines) == ["unreadable-request", "upstream-status"]
-    assert watch.recorder.lines == before + 2  # /v1/models is passed through, not recorded
+    assert watch.recorded == before + 2  # /v1/models is passed through, not recorded
 
 
 def test_an_evicted_cache_is_a_disagreement_below_the_prediction(running):
     watch, base = running["watch"], running["base"]
     requests = recorded_sessions(SAMPLE)["tool-call-1"]
-    before = watch.recorder.lines
+    before = watch.recorded
     for n, request in enumerate(requests):
         headers = {"content-type": "application/json", **({"x-replay-evict": "1"} if n else {})}
         httpx.post(f"{base}/chat/completions", content=session_request(request, "evicted", False), headers=headers,
                    timeout=BOUND_S).raise_for_status()
-    wait_until(lambda: watch.recorder.lines >= before + len(requests), "the exchanges to be recorded")
+    wait_until(lambda: watch.recorded >= before + len(requests), "the exchanges to be recorded")
     wait_until(lambda: read_watch(running["out"]).live.get("analysed", 0) >=
                sum(r["watch"]["complete"] for r in records(running["out"])), "the live analysis")
     session = next(s for s in read_watch(running["out"]).report["sessions"] if s["key"] == "evicted")
@@ -281,16 +281,22 @@ def test_an_evicted_cache_is_a_disagreement_below_the_prediction(running):
 
 
 def test_a_full_analysis_queue_drops_and_counts_but_records_everything(tmp_path):
-    """The recorder alone, its analysis queue never read: every exchange is written, each one past the queue's
-    room is counted as dropped."""
+    """The recorder alone, fed the proxy's frames through a real pipe, its analysis queue never read: every exchange
+    is written, in order, each one past the queue's room counted as dropped."""
     full: queue.Queue = queue.Queue(maxsize=1)
-    metrics = WatchMetrics("qwen3.5", None, "http://127.0.0.1:1/v1")
-    recorder = Recorder(tmp_path / "records.jsonl", full, metrics)
+    told = []
+    recorder = Recorder(tmp_path / "records.jsonl", full, lambda seq, outcome, offered: told.append((seq, offered)))
+    read, write = os.pipe()
+    thread = recorder.start(os.fdopen(read, "rb"))
     for seq in range(1, 4):
-        exchange = Exchange(seq, b"{}", {}, False, time.time(), status=200)
+        exchange = Exchange(seq, b"{}", time.time(), status=200)
         exchange.body += b'{"choices": []}'
-        recorder.put(exchange)
-    recorder.close()
+        os.write(write, b"".join(exchange_frame(exchange)))
+    os.close(write)
+    wait_until(lambda: len(told) == 3, "the three exchanges to be written")
     assert [json.loads(line)["watch"]["seq"] for line in (tmp_path / "records.jsonl").read_text().splitlines()] == \
         [1, 2, 3]
-    assert (recorder.dropped, metrics.dropped._value.get(), full.qsize()) == (2, 2.0, 1)
+    assert recorder.dropped == 2 and told == [(1, True), (2, False), (3, False)]
+    assert full.get(timeout=BOUND_S)[0] == 1  # the one line the queue had room for; then the end of the frames
+    assert full.get(timeout=BOUND_S) is None
+    thread.join(BOUND_S)

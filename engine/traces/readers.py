@@ -78,12 +78,17 @@ def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
+# One int object per distinct token id: a JSON parser makes a new one (28 bytes) for every id it reads, and the
+# sequences a long analysis keeps would hold millions; shared, each id costs the tuple's 8-byte slot.
+_ID_OBJECTS: dict[int, int] = {}
+
+
 def _ids(value: Any, name: str, where: str, field: str, hint: str = "") -> tuple[int, ...]:
     if isinstance(value, list) and "..." in value:
         raise _fail(name, where, f"{field} was cut short (a \"...\" in the list){hint}")
     if not _int_list(value):
         raise _fail(name, where, f"{field} is not a list of token ids (got {type(value).__name__})")
-    return tuple(value)
+    return tuple(map(_ID_OBJECTS.setdefault, value, value))
 
 
 def _json_line(name: str, line_no: int, text: str) -> Any:

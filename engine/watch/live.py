@@ -1,40 +1,48 @@
-"""The watch's analysis: each recorded exchange, as it is written, through engine.traces' `TraceAnalysis` (the same
-one `python -m engine trace` runs over the records file afterwards), in a process of its own so that no template
-render or tokenization ever holds the proxy's interpreter.
+"""The watch's analysis process (`python -m engine.watch.live`, started by the proxy): the recorder and the analysis,
+off the proxy's interpreter and below its CPU priority (nice 10), so that no record assembly, template render or
+tokenization ever holds the proxy.
 
-Per request it sends one span-like event back to the proxy (`span`: OpenTelemetry gen_ai.* attribute names where the
-semantic conventions have one, drift.* for ours), and it keeps `live.json` beside the records: the report of every
-session so far in `trace --json`'s shape, and the measured-vs-predicted cache figures. `read_watch` reads that and
-the proxy's `status.json` for the app's live page.
+The proxy writes each finished exchange as a frame to a pipe; the `Recorder` thread (record.py) writes its records
+line and offers it to the analysis through a bounded queue. The analysis (this process' main thread) runs each line
+through engine.traces' `TraceAnalysis` (the same one `python -m engine trace` runs over the records file afterwards).
+Per line it sends one event back to the proxy on a second pipe, a JSON line: `recorded` (from the recorder), then
+`span` (OpenTelemetry gen_ai.* attribute names where the semantic conventions have one, drift.* for ours), `error` or
+`skipped` (not a complete exchange). It keeps `live.json` beside the records: the report of every session so far in
+`trace --json`'s shape, and the measured-vs-predicted cache figures. `read_watch` reads that and the proxy's
+`status.json` for the app's live page.
+
+Memory: the model's tokenizer and template only (no other model), caches cut to what a stream of distinct prompts
+reuses (`watch_model`), token ids shared per distinct id (engine.traces.readers), and per session only what its next
+request needs (`TraceAnalysis`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
+from engine.render.cache import CachedRenderer
+from engine.tokenize import SegmentCachedTokenizer
 from engine.traces.readers import openai_record
 from engine.traces.report import TraceAnalysis
 from engine.traces.truth import TraceStep
 from engine.traces.why import Replay
+from engine.watch.record import LIVE_NAME, STATUS_NAME, AnalysisSettings, Recorder, write_json_atomic
 
-LIVE_NAME, STATUS_NAME = "live.json", "status.json"
 LIVE_FORMAT = "drift-watch-live/1"
 WRITE_EVERY_S = 0.5  # live.json is rewritten at most this often (and when the queue runs dry, and at the end)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace `path` whole: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+WRITE_SHARE = 0.1  # and never takes more than this share of the analysis' time: its cost grows with the sessions
 
 
 def predicted_cached(step: TraceStep, block_size: int) -> int:
@@ -53,9 +61,8 @@ class LiveAnalysis:
         self.engine = engine
         self.analysed = 0
         self.incomplete = 0
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=50)  # the latest sentences
         self.cache = {"compared": 0, "measured": 0, "predicted": 0, "below": 0, "above": 0}
-        self.sessions_seen: set[str] = set()
 
     def add_line(self, line_no: int, line: str) -> dict[str, Any] | None:
         """The event for the exchange on line `line_no`: a span, an error sentence, or None (not a complete
@@ -65,15 +72,15 @@ class LiveAnalysis:
             if request is None:
                 self.incomplete += 1
                 return None
+            sessions = len(self.analysis.builders)
             key, step, replay = self.analysis.add(request)
         except ExplorerError as err:
             sentence = str(err)
             self.errors.append(sentence)
             return {"type": "error", "line": line_no, "sentence": sentence}
         self.analysed += 1
-        new_session = key not in self.sessions_seen
-        self.sessions_seen.add(key)
-        return {"type": "span", "new_session": new_session, **self._span(line_no, key, step, replay)}
+        return {"type": "span", "new_session": len(self.analysis.builders) > sessions,
+                **self._span(line_no, key, step, replay)}
 
     def _span(self, line_no: int, key: str, step: TraceStep, replay: Replay | None) -> dict[str, Any]:
         request, row = step.request, step.row
@@ -119,50 +126,114 @@ class LiveAnalysis:
     def state(self) -> dict[str, Any]:
         report = self.analysis.report(self.records_name, "openai-jsonl")
         return {"format": LIVE_FORMAT, "updated": time.time(), "records": self.records_name,
-                "analysed": self.analysed, "incomplete": self.incomplete, "errors": self.errors[-50:],
+                "analysed": self.analysed, "incomplete": self.incomplete, "errors": list(self.errors),
                 "cache": dict(self.cache), "block_size": self.block_size, "report": report.to_json()}
 
 
-@dataclass(frozen=True)
-class AnalysisSettings:
-    model: str
-    engine: str | None
-    block_size: int
-    out_dir: str
-    records_name: str
+def watch_model(model: LoadedModel, strings: int = 64, segments: int = 4096, renders: int = 64) -> LoadedModel:
+    """The model with smaller caches: a watch sees each prompt once or twice (its step and a replay), so whole-string
+    and render caches sized for the matrix (thousands of entries, each a prompt's ids or text) would only grow; the
+    segment cache keeps the pieces sessions share (the system prompt, earlier turns)."""
+    tokenizer, renderer = model.tokenizer, model.renderer
+    if isinstance(tokenizer, SegmentCachedTokenizer):
+        tokenizer = SegmentCachedTokenizer(tokenizer.inner, tokenizer.plan, name=tokenizer.name, max_strings=strings,
+                                           max_segments=segments)
+    if isinstance(renderer, CachedRenderer):
+        renderer = CachedRenderer(renderer.inner, max_entries=renders)
+    return replace(model, tokenizer=tokenizer, renderer=renderer)
 
 
-def run_analysis(settings: AnalysisSettings, lines: Any, events: Any) -> None:
-    """The analysis process: (line number, line) from `lines` until None; events to `events`; live.json kept."""
+def _release_free_memory() -> None:
+    # glibc keeps what a freed burst used (the tokenizer's JSON parse: some 50 MiB) as the process' own; give it back.
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Events:
+    """JSON lines to the proxy, from either thread."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.lock = fd, threading.Lock()
+        self.listened = True
+
+    def send(self, event: dict[str, Any]) -> None:
+        data = (json.dumps(event, ensure_ascii=False) + "\n").encode()
+        with self.lock:
+            view = memoryview(data)
+            try:
+                while view and self.listened:
+                    view = view[os.write(self.fd, view):]
+            except BrokenPipeError:  # the proxy is gone: the records are still written, to the last frame
+                self.listened = False
+
+
+def run_analysis(settings: AnalysisSettings, frames_fd: int, events_fd: int) -> None:
+    """Frames from `frames_fd` until it closes: each recorded, and analysed when the queue has room; events to
+    `events_fd`; live.json kept. The records are written whatever becomes of the analysis (a model that cannot be
+    loaded, a line it cannot compute)."""
     from engine.models import load_model
 
     try:
-        model = load_model(settings.model)
+        os.nice(10)
+    except OSError:
+        pass
+    events = _Events(events_fd)
+    lines: queue.Queue = queue.Queue(settings.queue_size)
+    folder = Path(settings.out_dir)
+    recorder = Recorder(folder / settings.records_name, lines, lambda seq, outcome, offered: events.send(
+        {"type": "recorded", "seq": seq, "outcome": outcome, "offered": offered}))
+    recording = recorder.start(os.fdopen(frames_fd, "rb"))
+    live = None
+    try:
+        live = LiveAnalysis(watch_model(load_model(settings.model)), settings.engine, settings.block_size,
+                            settings.records_name)
     except ExplorerError as err:
-        events.put({"type": "fatal", "sentence": str(err)})
-        return
-    live = LiveAnalysis(model, settings.engine, settings.block_size, settings.records_name)
-    live_path = Path(settings.out_dir) / LIVE_NAME
-    write_json_atomic(live_path, live.state())
-    events.put({"type": "ready"})
-    written, dirty = time.monotonic(), False
+        events.send({"type": "fatal", "sentence": str(err)})
+    else:
+        _release_free_memory()
+        write_json_atomic(folder / LIVE_NAME, live.state())
+        events.send({"type": "ready"})
+    _analyse(live, lines, events, folder / LIVE_NAME)
+    recording.join()
+    if live is not None:
+        write_json_atomic(folder / LIVE_NAME, live.state())
+    events.send({"type": "done", "analysed": live.analysed if live else 0, "recorded": recorder.lines})
+
+
+def _analyse(live: LiveAnalysis | None, lines: queue.Queue, events: _Events, live_path: Path) -> None:
+    written, cost, dirty = time.monotonic(), 0.0, False
     while True:
         try:
             item = lines.get(timeout=WRITE_EVERY_S)
         except queue.Empty:
             item = ...
         if item is None:
-            break
+            return
         if item is not ...:
-            event = live.add_line(*item)
-            if event is not None:
-                events.put(event)
+            if live is None:
+                events.send({"type": "skipped", "line": item[0]})
+                continue
+            try:
+                event = live.add_line(*item)
+            except Exception as err:  # noqa: BLE001 - one line the analysis cannot compute; the watch goes on
+                event = {"type": "error", "line": item[0], "sentence": f"line {item[0]}: {type(err).__name__}: {err}"}
+                live.errors.append(event["sentence"])
+            events.send(event or {"type": "skipped", "line": item[0]})
             dirty = True
-        if dirty and (item is ... or time.monotonic() - written >= WRITE_EVERY_S):
+        due = max(WRITE_EVERY_S, cost / WRITE_SHARE)
+        if live is not None and dirty and (item is ... or time.monotonic() - written >= due):
+            started = time.monotonic()
             write_json_atomic(live_path, live.state())
             written, dirty = time.monotonic(), False
-    write_json_atomic(live_path, live.state())
-    events.put({"type": "done", "analysed": live.analysed})
+            cost = written - started
+
+
+def main(argv: list[str]) -> None:
+    """python -m engine.watch.live SETTINGS_JSON FRAMES_FD EVENTS_FD (the proxy starts it)."""
+    settings = AnalysisSettings(**json.loads(argv[0]))
+    run_analysis(settings, int(argv[1]), int(argv[2]))
 
 
 @dataclass(frozen=True)
@@ -209,3 +280,7 @@ def read_watch(folder: str | Path) -> WatchSnapshot:
     if parts[LIVE_NAME] and parts[LIVE_NAME].get("format") != LIVE_FORMAT:
         raise ExplorerError(f"{folder / LIVE_NAME} is not a watch's live state ({LIVE_FORMAT})")
     return WatchSnapshot(folder, parts[STATUS_NAME], parts[LIVE_NAME])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

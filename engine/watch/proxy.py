@@ -1,18 +1,18 @@
-"""The pass-through: an ASGI app (uvicorn) in front of an OpenAI-compatible upstream (httpx).
+"""The pass-through: an ASGI app (uvicorn, with uvloop and httptools) in front of an OpenAI-compatible upstream.
 
 Every request goes to the upstream as the client sent it: the same method, path, query and body bytes, and the same
-headers less the hop-by-hop ones (Host names the upstream; httpx adds none of its own). Every response comes back as
-the upstream sent it: its status, its headers less the hop-by-hop ones, its body chunk by chunk as the bytes arrive
-(httpx's raw stream: nothing decoded or re-encoded). When the upstream breaks off mid-body, the client's connection is
-broken off too, as the upstream's would have been; when the client goes away, the upstream request is closed (vLLM
-and SGLang then abort the generation).
+headers less the hop-by-hop ones (Host names the upstream; `Expect` is answered by this server, so it is not sent
+on). Every response comes back as the upstream sent it: its status, its headers less the hop-by-hop ones, its body as
+the bytes arrive (connections.py: httptools' parser on keep-alive connections; nothing decoded or re-encoded). When
+the upstream breaks off mid-body, the client's connection is broken off too, as the upstream's would have been; when
+the client goes away, the upstream connection is closed (vLLM and SGLang then abort the generation).
 
-Chat requests (POST {prefix}/chat/completions) are also recorded: when the exchange ends, however it ends, the
-request task hands it to the recorder thread (a queue put, nothing more on the request path), which writes its line
-to the records file, in the order the exchanges ended, and then offers the line to the analysis process through a
-bounded queue; when that queue is full the line is not analysed live (still recorded) and
-drift_watch_analysis_dropped_total counts it. `/metrics` is Prometheus' text format; `/watch/state` the status as
-JSON (status.json holds the same, rewritten once a second).
+The request path is a copy: the body is read whole, written upstream, and each response piece is appended to the
+exchange's buffer and sent on; no JSON is parsed. Chat requests (POST {prefix}/chat/completions), when the exchange
+ends however it ends, are queued to the recorder thread, which writes the exchange as one frame (the bodies are not
+copied) to the analysis process (live.py): it writes the records line, offers it to the analysis and tells this
+process (the events thread) what it recorded and what the analysis found. `/metrics` is Prometheus' text format;
+`/watch/state` the status as JSON (status.json holds the same, rewritten once a second).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import multiprocessing
+import os
 import queue
-import socket
+import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -31,22 +33,29 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import anyio
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.errors import ExplorerError
-from engine.watch.live import STATUS_NAME, AnalysisSettings, run_analysis, write_json_atomic
+from engine.watch.connections import ClientGone, Response, UpstreamBroke, UpstreamPool
 from engine.watch.metrics import WatchMetrics
-from engine.watch.record import OUTCOMES, RECORDS_NAME, Exchange, parse_request, record_line
+from engine.watch.record import (
+    OUTCOMES,
+    RECORDS_NAME,
+    STATUS_NAME,
+    AnalysisSettings,
+    Exchange,
+    exchange_frame,
+    write_json_atomic,
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-# RFC 9110 7.6.1: headers for one connection, not to be forwarded; Host is the upstream's.
+# RFC 9110 7.6.1: headers for one connection, not to be forwarded; Host is the upstream's; Expect: 100-continue is
+# this server's to answer (uvicorn does, once the body is read), and the upstream gets the body at once.
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"proxy-connection"})
+                        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"proxy-connection", b"expect"})
 STATUS_FORMAT = "drift-watch-status/1"
 
 
@@ -96,39 +105,36 @@ def checked_upstream(url: str) -> str:
     return url.rstrip("/")
 
 
-class Recorder:
-    """The records file's only writer: exchanges in, in the order they ended; each line, once written and flushed,
-    is offered to the analysis (bounded: a full queue drops it, counted)."""
+class FrameWriter:
+    """The proxy's side of the pipe to the analysis process: exchanges in, in the order they ended, each written as
+    one frame by a thread of its own (a slow reader holds this thread, never the event loop)."""
 
-    def __init__(self, path: Path, analysis: Any, metrics: WatchMetrics) -> None:
-        self.path, self.analysis, self.metrics = path, analysis, metrics
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
         self.pending: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
-        self.lines = 0
-        self.dropped = 0
-        self.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self.file = open(path, "x", encoding="utf-8", newline="\n")  # noqa: SIM115 - the thread closes it
-        self.thread = threading.Thread(target=self._run, name="drift-watch-recorder", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="drift-watch-frames", daemon=True)
         self.thread.start()
 
     def put(self, exchange: Exchange) -> None:
         self.pending.put(exchange)
 
     def _run(self) -> None:
+        broken = False
         while (exchange := self.pending.get()) is not None:
-            line = record_line(exchange)
-            self.file.write(line)
-            self.file.flush()
-            self.lines += 1
-            self.outcomes[exchange.outcome] += 1
-            self.metrics.requests.labels(exchange.outcome).inc()
-            if self.analysis is None:
+            if broken:
                 continue
+            pieces = exchange_frame(exchange)
             try:
-                self.analysis.put_nowait((self.lines, line))
-            except queue.Full:
-                self.dropped += 1
-                self.metrics.dropped.inc()
-        self.file.close()
+                while pieces:
+                    written = os.writev(self.fd, pieces)
+                    while pieces and written >= len(pieces[0]):
+                        written -= len(pieces[0])
+                        pieces.pop(0)
+                    if pieces and written:
+                        pieces[0] = memoryview(pieces[0])[written:]
+            except OSError:  # the analysis process is gone: the proxy goes on passing requests through
+                broken = True
+        os.close(self.fd)
 
     def close(self) -> None:
         self.pending.put(None)
@@ -138,38 +144,24 @@ class Recorder:
 class PassThrough:
     """The ASGI app: /metrics, /watch/state, and everything else to the upstream."""
 
-    def __init__(self, settings: WatchSettings, recorder: Recorder, metrics: WatchMetrics,
+    def __init__(self, settings: WatchSettings, recorder: FrameWriter, metrics: WatchMetrics,
                  status: Callable[[], dict[str, Any]]) -> None:
         self.settings, self.recorder, self.metrics, self.status = settings, recorder, metrics, status
-        self.client: httpx.AsyncClient | None = None
+        self.pool = UpstreamPool(settings.origin)
         self.seq = 0
 
-    def _client(self) -> httpx.AsyncClient:
-        if self.client is None:
-            # No pool limit (200 concurrent sessions must not queue behind 100 connections), no read timeout (a
-            # generation takes as long as it takes), and none of httpx's default headers: only the client's go out.
-            self.client = httpx.AsyncClient(
-                timeout=httpx.Timeout(None, connect=30.0), follow_redirects=False, trust_env=False,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024))
-            for name in list(self.client.headers):
-                del self.client.headers[name]
-        return self.client
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path == "/metrics" and scope["method"] == "GET":
+                await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/watch/state" and scope["method"] == "GET":
+                await _respond(send, 200, json.dumps(self.status()).encode(), "application/json")
+            else:
+                await self._forward(scope, receive, send, path == self.settings.chat_path and
+                                    scope["method"] == "POST")
+        elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        path = scope["path"]
-        if path == "/metrics" and scope["method"] == "GET":
-            await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
-            return
-        if path == "/watch/state" and scope["method"] == "GET":
-            await _respond(send, 200, json.dumps(self.status()).encode(), "application/json")
-            return
-        await self._forward(scope, receive, send, recorded=scope["method"] == "POST" and
-                            path == self.settings.chat_path)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -177,41 +169,35 @@ class PassThrough:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self.client is not None:
-                    await self.client.aclose()
+                self.pool.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, *, recorded: bool) -> None:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, recorded: bool) -> None:
         started, clock = time.time(), time.perf_counter()
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # gone before its request was whole: nothing was sent upstream
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        message = await receive()
+        body = message.get("body", b"")
+        if message.get("more_body"):
+            chunks = [body]
+            while message.get("more_body"):
+                message = await receive()
+                chunks.append(message.get("body", b""))
+            body = b"".join(chunks)
+        if message["type"] == "http.disconnect":
+            return  # gone before its request was whole: nothing was sent upstream
         exchange = None
         if recorded:
             self.seq += 1
-            request = parse_request(body)
-            exchange = Exchange(self.seq, body, request, bool(request and request.get("stream") is True), started)
-            if request is None:
-                exchange.outcome = "unreadable-request"
+            exchange = Exchange(self.seq, body, started)
         else:
             self.metrics.passthrough.inc()
-        query = scope.get("query_string") or b""
-        url = self.settings.origin + scope["raw_path"].decode("latin-1") if scope.get("raw_path") else \
-            self.settings.origin + scope["path"]
-        url = url.split("?", 1)[0] + ("?" + query.decode("latin-1") if query else "")
+        target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-        client = self._client()
         try:
-            upstream = await client.send(client.build_request(scope["method"], url, headers=headers, content=body),
-                                         stream=True)
-        except httpx.HTTPError as err:
+            upstream = await self.pool.request(scope["method"], target, headers, body)
+        except (TimeoutError, OSError, UpstreamBroke) as err:
             if exchange is not None:
                 exchange.outcome, exchange.error = "upstream-unreachable", f"{type(err).__name__}: {err}"
                 exchange.elapsed_ms = (time.perf_counter() - clock) * 1000
@@ -221,56 +207,52 @@ class PassThrough:
                            f"({type(err).__name__})", "type": "upstream_unreachable"}}).encode(), "application/json")
             return
         if exchange is not None:
-            exchange.status = upstream.status_code
-            exchange.content_encoding = upstream.headers.get("content-encoding")
-            if upstream.status_code != 200 and exchange.outcome == "complete":
+            exchange.status = upstream.status
+            exchange.content_encoding = next((v.decode("latin-1") for k, v in upstream.headers
+                                              if k.lower() == b"content-encoding"), None)
+            if upstream.status != 200:
                 exchange.outcome = "upstream-status"
         cut: Exception | None = None
         try:
             cut = await self._stream_back(upstream, exchange, receive, send)
         finally:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
+            upstream.release()
             if exchange is not None:
                 exchange.elapsed_ms = (time.perf_counter() - clock) * 1000
                 self.recorder.put(exchange)
         if cut is not None:
             raise UpstreamCut(str(cut)) from cut
 
-    async def _stream_back(self, upstream: httpx.Response, exchange: Exchange | None, receive: Receive,
+    async def _stream_back(self, upstream: Response, exchange: Exchange | None, receive: Receive,
                            send: Send) -> Exception | None:
-        """The upstream's response to the client, chunk by chunk; the upstream's error when it broke off."""
-        headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP]
-        cut: Exception | None = None
-        sent_all = False
-        async with anyio.create_task_group() as group:
+        """The upstream's response to the client, piece by piece; the upstream's error when it broke off. A task
+        beside it waits for the client to go away, and then ends the upstream response (`ClientGone`)."""
+        headers = [(k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP]
+        record = exchange.body if exchange is not None else None
 
-            async def client_gone() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                # (uvicorn also says disconnect once the response is complete)
-                if not sent_all and exchange is not None and exchange.outcome in ("complete", "upstream-status"):
-                    exchange.outcome = "client-gone"
-                group.cancel_scope.cancel()
+        async def client_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            upstream.fail(ClientGone())  # (uvicorn also says disconnect once the response is complete: no effect)
 
-            group.start_soon(client_gone)
-            try:
-                await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
-                async for chunk in upstream.aiter_raw():
-                    if exchange is not None:
-                        exchange.body += chunk
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                sent_all = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except httpx.HTTPError as err:
-                cut = err
-                if exchange is not None:
-                    exchange.outcome, exchange.error = "upstream-failed", f"{type(err).__name__}: {err}"
-            except OSError:  # uvicorn's ClientDisconnected: the client went away while we sent
-                if exchange is not None and exchange.outcome in ("complete", "upstream-status"):
-                    exchange.outcome = "client-gone"
-            group.cancel_scope.cancel()
-        return cut
+        watcher = asyncio.ensure_future(client_gone())
+        try:
+            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            async for piece in upstream.body():
+                if record is not None:
+                    record.extend(piece)
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except UpstreamBroke as err:
+            if exchange is not None:
+                exchange.outcome, exchange.error = "upstream-failed", f"{type(err).__name__}: {err}"
+            return err
+        except (ClientGone, OSError):  # OSError: uvicorn's ClientDisconnected, the client went away as we sent
+            if exchange is not None and exchange.outcome in ("complete", "upstream-status"):
+                exchange.outcome = "client-gone"
+        finally:
+            watcher.cancel()
+        return None
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
@@ -280,10 +262,11 @@ async def _respond(send: Send, status: int, body: bytes, content_type: str) -> N
 
 
 class Watch:
-    """A watch: the records file, the analysis process, the recorder, the metrics and the ASGI app.
+    """A watch: the records file, the analysis process (which writes it), the frame writer, the metrics and the ASGI
+    app.
 
-    `start()` then the server (`serve()`, or an embedding test's uvicorn), then `stop()`, which writes every
-    exchange still pending and lets the analysis finish what it was given."""
+    `start()` then the server (`serve()`, or an embedding test's uvicorn), then `stop()`, which hands over every
+    exchange still pending and lets the analysis process write and analyse what it was given."""
 
     def __init__(self, settings: WatchSettings) -> None:
         self.settings = settings
@@ -291,13 +274,16 @@ class Watch:
         self.metrics = WatchMetrics(settings.model, settings.engine, settings.upstream)
         self.analysis_state = "starting"
         self.started = time.time()
-        self.process: Any = None
-        self.lines: Any = None
-        self.events: Any = None
-        self.recorder: Recorder | None = None
+        self.process: subprocess.Popen | None = None
+        self.frames: FrameWriter | None = None
         self.app: PassThrough | None = None
+        self.recorded = 0
+        self.offered = 0  # lines the analysis was given
+        self.dropped = 0
+        self.processed = 0  # lines the analysis has been through (analysed, refused, or not a complete exchange)
+        self.analysed = 0
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self._events_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
 
     def start(self) -> PassThrough:
         records = self.folder / RECORDS_NAME
@@ -307,57 +293,82 @@ class Watch:
             raise ExplorerError(f"--out {self.folder} cannot be made a folder: {err.strerror or err}") from None
         if records.exists() and records.stat().st_size:
             raise ExplorerError(f"{records} already holds a watched run: move it away, or name another --out")
-        records.unlink(missing_ok=True)
-        context = multiprocessing.get_context("spawn")
-        self.lines, self.events = context.Queue(self.settings.queue_size), context.Queue()
-        self.process = context.Process(target=run_analysis, name="drift-watch-analysis", daemon=True, args=(
-            AnalysisSettings(self.settings.model, self.settings.engine, self.settings.block_size, str(self.folder),
-                             RECORDS_NAME), self.lines, self.events))
-        self.process.start()
         try:
-            self.recorder = Recorder(records, self.lines, self.metrics)
+            records.write_bytes(b"")  # the analysis process appends to it
         except OSError as err:
             raise ExplorerError(f"{records} cannot be written: {err.strerror or err}") from None
-        self._events_thread = threading.Thread(target=self._read_events, name="drift-watch-events", daemon=True)
+        frames_read, frames_write = os.pipe()
+        events_read, events_write = os.pipe()
+        settings = AnalysisSettings(self.settings.model, self.settings.engine, self.settings.block_size,
+                                    str(self.folder), RECORDS_NAME, self.settings.queue_size)
+        # Its own interpreter: no tokenization or render ever holds the proxy's. One tokenizer thread (the proxy
+        # keeps the other core).
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                              *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engine.watch.live", json.dumps(asdict(settings)), str(frames_read),
+             str(events_write)], pass_fds=(frames_read, events_write), env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True)  # Ctrl-C stops the proxy, which then lets it finish what it was given
+        os.close(frames_read)
+        os.close(events_write)
+        self.frames = FrameWriter(frames_write)
+        self._events_thread = threading.Thread(target=self._read_events, args=(events_read,),
+                                               name="drift-watch-events", daemon=True)
         self._events_thread.start()
-        self.app = PassThrough(self.settings, self.recorder, self.metrics, self.status)
+        self.app = PassThrough(self.settings, self.frames, self.metrics, self.status)
         return self.app
 
-    def _read_events(self) -> None:
-        written = 0.0
+    def _read_events(self, fd: int) -> None:
+        """The analysis process' events until it ends; status.json rewritten once a second meanwhile."""
+        written, pending = 0.0, b""
         while True:
-            try:
-                event = self.events.get(timeout=0.2)
-            except queue.Empty:
-                event = None
-            except (EOFError, OSError):
-                return
-            if event is not None:
-                kind = event.get("type")
-                if kind == "ready":
-                    self.analysis_state = "ready"
-                elif kind == "fatal":
-                    self.analysis_state = f"failed: {event['sentence']}"
-                elif kind == "done":
-                    self.analysis_state = "done"
-                else:
-                    self.metrics.observe(event)
-            if time.monotonic() - written >= 1.0 or (event is not None and event.get("type") == "done"):
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    self._event(json.loads(line))
+            if time.monotonic() - written >= 1.0:
                 self.write_status()
                 written = time.monotonic()
-            if event is not None and event.get("type") == "done":
-                return
-            if self._stopping.is_set() and self.process is not None and not self.process.is_alive() and event is None:
-                return
+        os.close(fd)
+        if self.analysis_state in ("starting", "ready"):
+            self.analysis_state = "done" if self.process and self.process.poll() == 0 else "stopped"
+        self.write_status()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "recorded":
+            self.recorded += 1
+            self.outcomes[event["outcome"]] += 1
+            self.metrics.requests.labels(event["outcome"]).inc()
+            if event["offered"]:
+                self.offered += 1
+            elif self.analysis_state == "ready":
+                self.dropped += 1
+                self.metrics.dropped.inc()
+        elif kind == "ready":
+            self.analysis_state = "ready"
+        elif kind == "fatal":
+            self.analysis_state = f"failed: {event['sentence']}"
+        elif kind == "done":
+            self.analysis_state = "done"
+        else:  # span, error, skipped: one line the analysis has been through
+            self.processed += 1
+            self.analysed += kind == "span"
+            self.metrics.observe(event)
+        self.metrics.queued.set(self.offered - self.processed)
 
     def status(self) -> dict[str, Any]:
-        recorder = self.recorder
         return {"format": STATUS_FORMAT, **asdict(self.settings), "records": RECORDS_NAME,
                 "listening": f"http://{self.settings.host}:{self.settings.port}", "started": self.started,
-                "updated": time.time(), "analysis": self.analysis_state,
-                "recorded": recorder.lines if recorder else 0, "requests": dict(recorder.outcomes) if recorder else {},
-                "dropped": recorder.dropped if recorder else 0,
-                "queued": max(self.lines.qsize(), 0) if self.lines is not None else 0}
+                "updated": time.time(), "analysis": self.analysis_state, "recorded": self.recorded,
+                "requests": dict(self.outcomes), "dropped": self.dropped, "analysed": self.analysed,
+                "queued": self.offered - self.processed, "pids": {
+                    "proxy": os.getpid(), "analysis": self.process.pid if self.process else None}}
 
     def write_status(self) -> None:
         try:
@@ -366,37 +377,39 @@ class Watch:
             pass  # the folder went away; /watch/state still answers
 
     def stop(self, timeout_s: float = 600.0) -> None:
-        """Write what is pending, let the analysis finish what it was given (up to `timeout_s`), stop it."""
-        if self.recorder is not None:
-            self.recorder.close()
-        self._stopping.set()
-        if self.lines is not None:
-            try:
-                self.lines.put(None, timeout=timeout_s)
-            except queue.Full:
-                pass
+        """Hand over what is pending, let the analysis process write and analyse it (up to `timeout_s`), stop it."""
+        if self.frames is not None:
+            self.frames.close()
         if self.process is not None:
-            self.process.join(timeout_s)
-            if self.process.is_alive():
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
                 self.process.terminate()
-                self.process.join(10)
+                self.process.wait(10)
         if self._events_thread is not None:
             self._events_thread.join(timeout_s)
         self.write_status()
 
-    def server(self, sock: socket.socket | None = None) -> Any:
-        """A uvicorn server for the app (`start()` first)."""
+    def server(self) -> Any:
+        """A uvicorn server for the app (`start()` first): uvloop and httptools when they are installed."""
         import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # uvicorn raises a signal that stopped it again once it has stopped, which would end this process
+                # before `stop()` hands the analysis process what is pending: the signal is handled here.
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()
 
         logging.getLogger("uvicorn.error").addFilter(_QuietCuts())
         config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port, lifespan="on",
                                 log_level="warning", access_log=False, server_header=False, date_header=False,
-                                timeout_keep_alive=75, backlog=4096)
-        return uvicorn.Server(config)
+                                timeout_keep_alive=75, backlog=4096, proxy_headers=False)
+        return Server(config)
 
-    def serve(self, sock: socket.socket | None = None) -> None:
+    def serve(self) -> None:
         server = self.server()
         try:
-            asyncio.run(server.serve(sockets=[sock] if sock else None))
+            server.run()  # on uvicorn's loop: uvloop when it is installed
         finally:
             self.stop()

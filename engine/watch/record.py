@@ -13,6 +13,11 @@ tool-call arguments concatenated in order, an empty content null, vLLM's `prompt
 (`outcome` other than complete: the upstream failed mid-stream, answered an error status or could not be reached,
 the client went away, the request body is not a JSON object) is written all the same, with `complete: false`, so
 nothing is lost; the reader leaves it out of the analysis.
+
+The proxy only copies bytes: it hands each finished exchange to the watch's analysis process as a frame (a JSON head
+and the two bodies, `exchange_frame`), and that process' `Recorder` thread parses the request, assembles the stream,
+writes the line and offers it to the analysis (a bounded queue: when it is full the line is not analysed live,
+still written, and counted). No JSON is parsed in the proxy.
 """
 
 from __future__ import annotations
@@ -20,24 +25,30 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import queue
+import struct
+import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
-RECORDS_NAME = "records.jsonl"
+RECORDS_NAME, LIVE_NAME, STATUS_NAME = "records.jsonl", "live.json", "status.json"
 COMPLETE = "complete"
 # Why an exchange did not finish: the outcomes other than complete.
 OUTCOMES = (COMPLETE, "upstream-failed", "upstream-status", "upstream-unreachable", "client-gone", "unreadable-request")
+_FRAME_HEAD = struct.Struct("<III")  # the head's length, the request body's, the response body's
 
 
 @dataclass
 class Exchange:
-    """What the proxy saw of one chat request, filled in as it goes."""
+    """What the proxy saw of one chat request, filled in as it goes (the request body is parsed later, off the
+    proxy: `record_of`)."""
 
     seq: int  # the order requests arrived in
     request_body: bytes
-    request: dict | None  # the body as JSON, None when it is not a JSON object
-    stream: bool
     started: float  # unix time the request arrived
     status: int | None = None
     content_encoding: str | None = None
@@ -46,9 +57,88 @@ class Exchange:
     error: str | None = None
     elapsed_ms: float = 0.0
 
-    @property
-    def complete(self) -> bool:
-        return self.outcome == COMPLETE
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What the proxy tells its analysis process (as JSON on its command line)."""
+
+    model: str
+    engine: str | None
+    block_size: int
+    out_dir: str
+    records_name: str
+    queue_size: int  # lines waiting for the analysis at most
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace `path` whole: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def exchange_frame(exchange: Exchange) -> list[bytes | bytearray]:
+    """The exchange as the pieces of one frame, for one `os.writev`: the bodies are not copied."""
+    head = json.dumps([exchange.seq, exchange.started, exchange.status, exchange.content_encoding, exchange.outcome,
+                       exchange.error, exchange.elapsed_ms]).encode()
+    return [_FRAME_HEAD.pack(len(head), len(exchange.request_body), len(exchange.body)), head, exchange.request_body,
+            exchange.body]
+
+
+def read_frame(stream: IO[bytes]) -> Exchange | None:
+    """The next exchange from a stream of frames; None at its end."""
+    sizes = stream.read(_FRAME_HEAD.size)
+    if len(sizes) < _FRAME_HEAD.size:
+        return None
+    head_size, request_size, body_size = _FRAME_HEAD.unpack(sizes)
+    seq, started, status, encoding, outcome, error, elapsed = json.loads(stream.read(head_size))
+    return Exchange(seq, stream.read(request_size), started, status, encoding, bytearray(stream.read(body_size)),
+                    outcome, error, elapsed)
+
+
+class Recorder:
+    """The records file's only writer: exchanges in (frames, in the order they ended), each written as its line and
+    flushed, then offered to the analysis (`analysis`, a bounded queue of (line number, line); a full queue drops the
+    offer, counted). `notify(seq, outcome, offered)` is called per line written."""
+
+    def __init__(self, path: Path, analysis: queue.Queue | None, notify: Callable[[int, str, bool], None]) -> None:
+        self.path, self.analysis, self.notify = path, analysis, notify
+        self.lines = 0
+        self.dropped = 0
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.file = open(path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by `finish`
+
+    def write(self, exchange: Exchange) -> None:
+        record = record_of(exchange)
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self.file.write(line)
+        self.file.flush()
+        self.lines += 1
+        outcome = record["watch"]["outcome"]
+        self.outcomes[outcome] += 1
+        offered = False
+        if self.analysis is not None:
+            try:
+                self.analysis.put_nowait((self.lines, line))
+                offered = True
+            except queue.Full:
+                self.dropped += 1
+        self.notify(exchange.seq, outcome, offered)
+
+    def run(self, frames: IO[bytes]) -> None:
+        """Every frame until the stream ends, then the file closed and the analysis told (None)."""
+        try:
+            while (exchange := read_frame(frames)) is not None:
+                self.write(exchange)
+        finally:
+            self.file.close()
+            if self.analysis is not None:
+                self.analysis.put(None)
+
+    def start(self, frames: IO[bytes]) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(frames,), name="drift-watch-recorder", daemon=True)
+        thread.start()
+        return thread
 
 
 def parse_request(body: bytes) -> dict | None:
@@ -150,21 +240,26 @@ def _merge_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
             message[key] = value
 
 
-def response_of(exchange: Exchange) -> dict | None:
+def response_of(exchange: Exchange, stream: bool) -> dict | None:
     """The chat.completion the exchange returned, as far as it went (None: nothing readable)."""
     body = _decoded(bytes(exchange.body), exchange.content_encoding)
     if body is None:
         return None
-    if exchange.stream and exchange.status == 200:
+    if stream and exchange.status == 200:
         return assemble_stream(sse_events(body))
     value = parse_request(body)
     return value
 
 
 def record_of(exchange: Exchange) -> dict[str, Any]:
+    request = parse_request(exchange.request_body)
+    stream = bool(request and request.get("stream") is True)
+    outcome = exchange.outcome
+    if request is None and outcome not in ("upstream-unreachable", "upstream-failed"):
+        outcome = "unreadable-request"  # what the upstream made of it is in `status` and `body`
     body = bytes(exchange.body)
     watch: dict[str, Any] = {
-        "seq": exchange.seq, "outcome": exchange.outcome, "complete": exchange.complete, "stream": exchange.stream,
+        "seq": exchange.seq, "outcome": outcome, "complete": outcome == COMPLETE, "stream": stream,
         "status": exchange.status, "started": round(exchange.started, 6), "elapsed_ms": round(exchange.elapsed_ms, 3),
         "request_sha256": hashlib.sha256(exchange.request_body).hexdigest(),
         "content_encoding": exchange.content_encoding, "error": exchange.error,
@@ -173,15 +268,10 @@ def record_of(exchange: Exchange) -> dict[str, Any]:
         watch["body"] = body.decode("utf-8")
     except UnicodeDecodeError:
         watch["body_base64"] = base64.b64encode(body).decode("ascii")
-    if exchange.request is None:  # an empty request object keeps the line readable as openai-jsonl
+    if request is None:  # an empty request object keeps the line readable as openai-jsonl
         watch["request_body_base64"] = base64.b64encode(exchange.request_body).decode("ascii")
-    request = exchange.request if exchange.request is not None else {}
-    return {"request": request, "response": response_of(exchange) or {}, "watch": watch}
-
-
-def record_line(exchange: Exchange) -> str:
-    """The exchange as one JSONL line (no newline inside: JSON escapes them)."""
-    return json.dumps(record_of(exchange), ensure_ascii=False, separators=(",", ":")) + "\n"
+    return {"request": request if request is not None else {}, "response": response_of(exchange, stream) or {},
+            "watch": watch}
 
 
 def upstream_body(record: dict[str, Any]) -> bytes:

@@ -7,7 +7,9 @@ A non-streamed request gets the recorded response as JSON; a streamed one (`"str
 it: server-sent `chat.completion.chunk` events (the role and `prompt_token_ids` first, then the reasoning, the
 content and each tool call in pieces with their share of `token_ids`, the finish reason, `usage` when
 `stream_options.include_usage` asks, then `data: [DONE]`). `first_token_s` and `chunk_gap_s` pace them as a
-generating server does. With `cache_blocks`, `usage.prompt_tokens_details.cached_tokens` is what a block prefix
+generating server does; `token_s` instead paces each chunk by the tokens it carries (its share of the recorded
+`token_ids`, at least one), as a server that decodes a token every `token_s` and streams what each step made.
+With `cache_blocks`, `usage.prompt_tokens_details.cached_tokens` is what a block prefix
 cache of that many blocks (least recently used evicted, block keys chained as vLLM's) holds of the prompt, short of
 its last token, every served sequence (prompt + completion) cached.
 
@@ -86,6 +88,12 @@ class PrefixCache:
             self.keys.popitem(last=False)
 
 
+def decode_steps(chunk: dict[str, Any]) -> int:
+    """How many decode steps a streamed chunk stands for: its tokens, at least one; none for the usage chunk."""
+    choices = chunk.get("choices")
+    return max(1, len(choices[0].get("token_ids") or [])) if choices else 0
+
+
 def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """A chat.completion as vLLM streams it, chunk by chunk."""
     choice = response["choices"][0]
@@ -126,12 +134,14 @@ class ReplayUpstream:
     """The ASGI app."""
 
     def __init__(self, completions: dict[str, dict[str, Any]], *, first_token_s: float = 0.0,
-                 chunk_gap_s: float = 0.0, cache_blocks: int | None = None, block_size: int = 16) -> None:
+                 chunk_gap_s: float = 0.0, token_s: float = 0.0, cache_blocks: int | None = None,
+                 block_size: int = 16) -> None:
         self.completions = completions
-        self.first_token_s, self.chunk_gap_s = first_token_s, chunk_gap_s
+        self.first_token_s, self.chunk_gap_s, self.token_s = first_token_s, chunk_gap_s, token_s
         self.cache = PrefixCache(cache_blocks, block_size) if cache_blocks is not None else None
         self.sent: list[Sent] = []
         self.served = 0
+        self._streams: dict[tuple[int, bool], tuple[list[bytes], list[int]]] = {}  # a recording's events, once
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -172,16 +182,18 @@ class ReplayUpstream:
         if self.first_token_s:
             await asyncio.sleep(self.first_token_s)
         if request.get("stream") is True:
-            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n".encode() for c in
-                      stream_chunks(response, include_usage)] + [b"data: [DONE]\n\n"]
+            events, steps = self._stream(response, bool((request.get("stream_options") or {}).get("include_usage")))
+            if self.token_s and "x-replay-chunk-gap" not in headers:
+                gaps = [self.token_s * n for n in steps]
+            else:
+                gaps = [gap] * len(events)
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})
             for n, event in enumerate(events):
                 if fail_after is not None and n == fail_after:
                     raise ConnectionAbortedError("asked to fail mid-stream")
-                if gap and n:
-                    await asyncio.sleep(gap)
+                if gaps[n] and n:
+                    await asyncio.sleep(gaps[n])
                 try:
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 except OSError:  # the client (the watch) went away: stop generating, as vLLM aborts the request
@@ -191,6 +203,19 @@ class ReplayUpstream:
             sent.finished = True
             return
         await self._whole(send, sent, 200, json.dumps(response, ensure_ascii=False).encode(), fail_after)
+
+    def _stream(self, response: dict[str, Any], include_usage: bool) -> tuple[list[bytes], list[int]]:
+        """The response's server-sent events and each one's decode steps (encoded once per recording when no cache
+        figure makes each answer differ)."""
+        key = (id(response), include_usage)
+        if key not in self._streams:
+            chunks = stream_chunks(response, include_usage)
+            events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n".encode() for c in chunks]
+            value = (events + [b"data: [DONE]\n\n"], [decode_steps(c) for c in chunks] + [0])
+            if self.cache is not None:
+                return value
+            self._streams[key] = value
+        return self._streams[key]
 
     def _with_cache(self, response: dict[str, Any]) -> dict[str, Any]:
         if self.cache is None or response.get("prompt_token_ids") is None:
@@ -214,12 +239,12 @@ class ReplayUpstream:
 
 
 def serve_upstream(records: str, host: str, port: int, first_token_s: float = 0.0, chunk_gap_s: float = 0.0,
-                   cache_blocks: int | None = None) -> None:
+                   cache_blocks: int | None = None, token_s: float = 0.0) -> None:
     """Run the upstream in this process until it is stopped (the benchmark starts it as a process of its own)."""
     import uvicorn
 
     app = ReplayUpstream(load_completions(records), first_token_s=first_token_s, chunk_gap_s=chunk_gap_s,
-                         cache_blocks=cache_blocks)
+                         token_s=token_s, cache_blocks=cache_blocks)
     uvicorn.run(app, host=host, port=port, log_level="error", access_log=False, lifespan="on", backlog=4096,
                 timeout_keep_alive=75)
 
@@ -242,3 +267,10 @@ def session_request(request: dict[str, Any], user: str, stream: bool) -> bytes:
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body, ensure_ascii=False).encode()
+
+
+if __name__ == "__main__":  # the bench's upstream: python -m engine.watch.upstream RECORDS PORT TTFT_S TOKEN_S
+    import sys
+
+    serve_upstream(sys.argv[1], "127.0.0.1", int(sys.argv[2]), first_token_s=float(sys.argv[3]),
+                   token_s=float(sys.argv[4]))
