@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.call_ids import SessionCallIds
 from engine.client import client_call_ids, client_message, scripted_message, undo_request_edit
@@ -23,6 +23,7 @@ from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.serving.base import EngineEmulation, RequestPrep
 from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
+from engine.serving.layers import LayerUnavailable
 from engine.serving.raw import raw_request
 from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
@@ -45,6 +46,9 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     WithEngine,
     WithKwargs,
 )
+
+if TYPE_CHECKING:
+    from engine.serving.layers import ColumnLayers
 
 ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
@@ -116,16 +120,29 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
         return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
+    from engine.serving.layers import base_model, column_layers
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
+    model = base_model(model)  # a re-run of a runtime's cell on another column renders as that column does
     emulation = _engine(engine) if engine.is_serving_engine else None
+    layered = dict(column=str(engine)) if engine.has_layers else {}
     try:
         # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
         model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
     except ServingUnavailable as err:
-        return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
+        return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err),
+                          **layered)
+    layers = None
+    if engine.has_layers:
+        try:
+            layers = column_layers(model, engine, emulation)
+        except LayerUnavailable as err:
+            return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err),
+                              **layered)
+        model = layers.model
+        layered["layers"] = layers.passed
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
-                asset_hashes=model.asset_hashes)
+                asset_hashes=model.asset_hashes, **layered)
     if engine.kind == "renderers":
         return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
 
@@ -133,12 +150,18 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
     try:
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation,
-                                trace_parses=explain)
+                                trace_parses=explain, layers=layers)
     except _Unavailable as err:
         return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
         return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
+    if engine.runtime is not None and explain:  # whether the runtime's prompts are transformers' (and where not)
+        from engine.runtime_compare import prompt_note
+
+        runtime_note = prompt_note(model.renderer.inner, [(b.index + 1, b.next_prompt, b.next_request)
+                                                          for b in boundaries])
+        note = f"{runtime_note}; {note}" if note else runtime_note
     if engine.kind == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
@@ -151,7 +174,16 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
 
         broken = next(b for b in boundaries if not b.holds)
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
-        cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
+        rerun = _rerun_function(context, broken)
+        if engine.has_layers:  # a runtime, a proxy or a flag is blamed first, by re-running without it
+            from engine.layer_blame import explain_layer_break
+
+            def cell_without(spec: EngineSpec) -> CellResult:
+                return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index)
+
+            cause = explain_layer_break(broken, context, rerun, hints=hints, cell_without=cell_without)
+        if cause is None:
+            cause = explain_break(broken, context, rerun, hints=hints)
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
 
 
@@ -239,10 +271,12 @@ class _Failed(ExplorerError):
 
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
-               emulation: EngineEmulation | None = None, *, trace_parses: bool = True) -> tuple[Boundary, ...]:
+               emulation: EngineEmulation | None = None, *, trace_parses: bool = True,
+               layers: ColumnLayers | None = None) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
     without the line tracer (a cell whose cause is not asked for: blame's re-runs, the app's grid), so no traced edit
-    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150."""
+    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150. `layers`: the column's proxies, which
+    rewrite each request the client sends and each reply it gets (engine.serving.layers)."""
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
@@ -269,19 +303,27 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
     call_cursor = 0
     calls_so_far = 0
     last_request: list[RenderRequest | None] = [None]  # what the latest render was given
+    layer_edits: list[tuple[Edit, ...]] = [(), ()]  # the proxies' edits: of the latest request, of the latest reply
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
         edits: tuple[Edit, ...] = ()
         # A copy of the list: the history grows after this render, the request it records must not.
-        messages = list(messages)
-        to_render, template_kwargs, tools = messages, kwargs, scenario.tools
+        messages = sent = list(messages)
+        tools = scenario.tools
+        if layers is not None and layers.proxies:
+            try:
+                forwarded = layers.request(messages, tools)
+            except LayerUnavailable as err:
+                raise _Unavailable(str(err)) from err
+            messages, tools, layer_edits[0] = forwarded.messages, forwarded.tools, forwarded.edits
+        to_render, template_kwargs = messages, kwargs
         if emulation is not None:
-            prep = engine_request(emulation, model, messages, scenario.tools, kwargs, parsers)
+            prep = engine_request(emulation, model, messages, tools, kwargs, parsers)
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
             template_kwargs = template_kwargs_of(prep, kwargs)
-            tools = prep.tools if prep.tools is not None else scenario.tools
+            tools = prep.tools if prep.tools is not None else tools
             if overrides is not None and overrides.request_undo is not None and len(boundaries) + 1 == overrides.index:
                 to_render = undo_request_edit(to_render, messages, overrides.request_undo)
                 edits = tuple(e for e in edits if e != overrides.request_undo)
@@ -290,7 +332,7 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
         try:
             rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
                                              kwargs=template_kwargs)
-            last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=messages)
+            last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=sent)
             return rendered, edits
         except RenderError as err:
             raise _Failed(str(err), tuple(boundaries)) from err
@@ -306,8 +348,11 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                 continue
             if pending is not None:
                 try:
-                    boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                      turn.role, last_request))
+                    boundary = _close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
+                                               turn.role, last_request)
+                    if layer_edits != [(), ()]:
+                        boundary = replace(boundary, layer_edits=layer_edits[1] + layer_edits[0])
+                    boundaries.append(boundary)
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
@@ -340,11 +385,17 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
         if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
             parsed = overrides.parse
-        call_ids = client_call_ids(parsed, [c.call_id for c in turn.assistant.tool_calls], fmt, session_ids,
+        got = parsed  # what the client reads off the reply (after the column's proxies)
+        if layers is not None and layers.proxies:
+            try:
+                got, layer_edits[1] = layers.response(parsed, emulation)
+            except LayerUnavailable as err:
+                raise _Unavailable(str(err)) from err
+        call_ids = client_call_ids(got, [c.call_id for c in turn.assistant.tool_calls], fmt, session_ids,
                                    calls_so_far)
         call_cursor = 0
-        calls_so_far += len(parsed.tool_calls)
-        history.append(client_message(parsed, call_ids, **scenario.client))
+        calls_so_far += len(got.tool_calls)
+        history.append(client_message(got, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
 

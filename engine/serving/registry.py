@@ -58,6 +58,16 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
     """The engine object that serves `spec` (a vLLM or SGLang column); ValueError in one sentence for any other."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
+    if spec.runtime is not None or spec.proxies:  # the layers around the engine are the column's (serving.layers)
+        return get_engine(replace(spec, runtime=None, proxies=()))
+    if spec.flags:
+        # A server flag is run through the release's own code, where it is implemented (its real twin for a pinned
+        # release).
+        engine = get_engine(replace(spec, flags=()))
+        flagged = engine if engine.is_real_release else real_twin(engine)
+        flagged.server_flags = {flag.name: flag.json_value() if flag.value is not None else True
+                                for flag in spec.flags}
+        return flagged
     if spec.parsers is not None:
         pair = spec.parsers
         engine = for_parsers(get_engine(replace(spec, parsers=None)), pair.reasoning_parser, pair.tool_call_parser)
@@ -157,10 +167,20 @@ def known_engine(text: object) -> EngineSpec:
         raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or "
                             f"one of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on "
                             "PyPI") from None
-    if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.release not in EMULATIONS | NEWEST):
+    if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.flags or
+                                   spec.release not in EMULATIONS | NEWEST):
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
         try:
             get_engine(spec)
         except ValueError as err:
             raise ExplorerError(str(err)) from None
+    if spec.proxies:
+        from engine.serving.proxies import known_proxies
+
+        known = known_proxies()
+        unknown = [name for name in spec.proxies if name.partition("@")[0] not in known or
+                   ("@" in name and name.partition("@")[0] != "litellm")]
+        if unknown:
+            raise ExplorerError(f"unknown proxy {unknown[0]!r} in engine {str(spec)!r}; known: {', '.join(known)} "
+                                "(litellm@VERSION: another LiteLLM release)")
     return spec  # raw, bridge, renderers (a version of it: the cell says when it is not the one installed)
