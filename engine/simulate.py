@@ -34,6 +34,7 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     Change,
     EchoingClient,
     Edit,
+    Location,
     ParseResult,
     PrefixCheck,
     Provenance,
@@ -120,6 +121,12 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
         return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
+    server_defaults = engine.flag("default-chat-template-kwargs")
+    if server_defaults is not None:
+        # The server's defaults apply where the request leaves a kwarg unset: the model's own defaults are not sent
+        # for those (a scenario's or the user's still are, and win, as in the release's code).
+        kwargs = {k: v for k, v in kwargs.items() if k not in server_defaults.json_value() or k in scenario.kwargs
+                  or k in user_kwargs}
     from engine.serving.layers import base_model, column_layers
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
@@ -352,6 +359,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                                                turn.role, last_request)
                     if layer_edits != [(), ()]:
                         boundary = replace(boundary, layer_edits=layer_edits[1] + layer_edits[0])
+                    if engine.flag("strip-thinking-cache") is not None and emulation is not None:
+                        boundary = _cache_kept(boundary, emulation, model)
                     boundaries.append(boundary)
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
@@ -454,6 +463,40 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
         raise _Unavailable(f"{model.id} writes no reasoning here ({why}), and this scenario varies the reasoning "
                            f"({', '.join(varied)})")
     return replace(turn, reasoning=None)
+
+
+def _cache_kept(boundary: Boundary, engine: EngineEmulation, model: LoadedModel) -> Boundary:
+    """The boundary as the engine's prefix cache sees it under a server flag that keeps less of a finished request
+    (SGLang's --strip-thinking-cache): the previous sequence is reusable only as far as the release's own code keeps
+    it (RealEngine.cache_kept), recorded as an edit at the release's line."""
+    cache_kept = getattr(engine, "cache_kept", None)
+    prompt_ids, completion_ids = boundary.prev_prompt_ids, boundary.completion_ids
+    if cache_kept is None or prompt_ids is None or completion_ids is None or model.tokenizer is None:
+        return boundary
+    tokens = model.spec.special_tokens
+    end_ids = list(token_ids(model.tokenizer, tokens["think_close"])) if tokens.get("think_close") else []
+    start_ids = list(token_ids(model.tokenizer, tokens["think_open"])) if tokens.get("think_open") else []
+    try:
+        found = cache_kept(len(prompt_ids), list(completion_ids),
+                           require_reasoning=reasoning_forced(model, boundary.prev_prompt.text),
+                           think_end_ids=end_ids, think_start_ids=start_ids)
+    except ExplorerError as err:
+        raise _Unavailable(str(err)) from err
+    total = len(prompt_ids) + len(completion_ids)
+    if found is None or found["kept"] >= total or boundary.token_prefix is None:
+        return boundary
+    kept = found["kept"]
+    path, _, line = found["where"].rpartition(":")
+    edit = Edit("cache_kept_prompt", f"{total} tokens (prompt and completion)", f"{kept} tokens (the prompt)",
+                Location(engine.origin, path, int(line), text=found["line"]),
+                f"{found['method']}: with --strip-thinking-cache and {found['reasoning_tokens']} reasoning tokens in "
+                f"the reply, the cache keeps the previous prompt's {kept} tokens, not the completion's "
+                f"{len(completion_ids)}")
+    kept_chars = len(boundary.prev_prompt.text)
+    return replace(boundary, token_prefix=PrefixCheck(total, min(boundary.token_prefix.common, kept)),
+                   string_prefix=PrefixCheck(boundary.string_prefix.prev_len,
+                                             min(boundary.string_prefix.common, kept_chars)),
+                   layer_edits=boundary.layer_edits + (edit,))
 
 
 def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
