@@ -111,6 +111,11 @@ def _closing(text: str, start: int) -> int:
     return -1
 
 
+def split_names(text: str) -> list[str]:
+    """A comma-separated list of engine names, split at the commas outside a name's server flags."""
+    return _top_level_split(text)
+
+
 def _top_level_split(text: str) -> list[str]:
     """`text` split at the commas outside JSON strings, brackets and braces."""
     parts, depth, in_string, escaped, start = [], 0, False, False, 0

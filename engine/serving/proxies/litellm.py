@@ -33,6 +33,7 @@ from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edi
 from engine.types import Edit, Location
 
 PINNED = "1.110.2"
+STRIPPING = "1.104.9"  # the last release whose hosted_vllm drops every assistant message's reasoning_content
 ROOT = Path(__file__).resolve().parents[3]
 WORKER_MEMORY_MB = int(os.environ.get("DRIFT_PROXY_MEMORY_MB", 3072))
 WORKER_STARTUP_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_STARTUP_TIMEOUT_S", 240))
