@@ -216,7 +216,8 @@ def _runtime_cause(boundary: Boundary, context: BlameContext, without: EngineSpe
              f"under {label} and {contrast.reference_output[:80]!r} under {REFERENCE}") if contrast else ""
     at = boundary.string_prefix.common
     return Cause(
-        stage="runtime", kind="runtime-differs", locations=(found.location,),
+        stage="runtime", kind="runtime-differs",
+        locations=(found.location, *((found.emitted,) if found.emitted is not None else ())),
         changed=found.sentence(label), fix=None,
         proof=f"re-run with {REFERENCE} instead of {label} ({without}): {_words(boundary, again)}{alone}",
         detail=(f"at char {at}: previous {boundary.prev_text[at:at + 24]!r} vs next "

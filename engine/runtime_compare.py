@@ -34,10 +34,11 @@ class RuntimeDifference:
 
     position: int
     location: Location
-    kind: str  # "output" | "literal" | "condition"
+    kind: str  # "output" | "assignment" | "literal" | "condition"
     reference_text: str
     runtime_text: str
     contrast: Contrast | None
+    emitted: Location | None = None  # the output that printed it, where the construct is an assignment before it
 
     def sentence(self, runtime: str) -> str:
         where = f"{self.location.path}:{self.location.line}"
@@ -133,14 +134,25 @@ def _is_condition(node: nodes.Node) -> bool:
     return isinstance(node, (nodes.Test, nodes.Compare, nodes.And, nodes.Or, nodes.Not))
 
 
-def _sub_expressions(expression: nodes.Node) -> list[nodes.Node]:
+def _sub_expressions(expression: nodes.Node, row: dict) -> list[nodes.Node]:
     """The expression's parts that compute something (filters, calls, subscripts, tests, comparisons,
-    conditionals), innermost first, then the expression itself."""
+    conditionals), innermost first, then the expression itself; of a conditional expression, the branch transformers
+    takes with `row` only."""
     found: list[nodes.Node] = []
 
     def visit(node: nodes.Node) -> None:
-        for child in node.iter_child_nodes():
-            visit(child)
+        children = list(node.iter_child_nodes())
+        if isinstance(node, nodes.CondExpr):
+            test = marks.jinja_source(node.test)
+            try:
+                taken = test is not None and reference_render("{% if " + test + " %}1{% endif %}", row) == "1"
+            except Exception:  # noqa: BLE001 - a test transformers cannot evaluate alone: both branches
+                taken = None
+            if taken is not None:
+                children = [node.test, node.expr1 if taken else node.expr2]
+        for child in children:
+            if child is not None:
+                visit(child)
         if isinstance(node, (nodes.Filter, nodes.Call, nodes.Getitem, nodes.Test, nodes.Compare, nodes.CondExpr,
                              nodes.Concat, nodes.And, nodes.Or, nodes.Not)) and node is not expression:
             found.append(node)
@@ -156,7 +168,7 @@ def isolate(renderer: RuntimeRenderer, body: str, row: dict) -> Contrast | None:
     if expression is None:
         return None
     whole = "{{ " + body.strip() + " }}"
-    for node in _sub_expressions(expression):
+    for node in _sub_expressions(expression, row):
         source = whole if node is expression else marks.jinja_source(node)
         if source is None:
             continue
@@ -189,7 +201,48 @@ def _output(renderer: RuntimeRenderer, compared: ComparedRenders, index: int) ->
         row = _captured_row(renderer, compared, tag, marks.free_names(expression), mine.occurrence)
         if row is not None:
             contrast = isolate(renderer, tag.body, row)
+        if contrast is None:  # the output prints a value a `set` computed: the assignment is the construct
+            found = _through_assignment(renderer, compared, tag, expression, theirs.text)
+            if found is not None:
+                assignment, contrast = found
+                return RuntimeDifference(mine.start, _tag_location(renderer, assignment), "assignment", theirs.text,
+                                         mine.text, contrast, emitted=_tag_location(renderer, tag))
     return RuntimeDifference(mine.start, _tag_location(renderer, tag), "output", theirs.text, mine.text, contrast)
+
+
+_SET = r"^\s*set\s+{name}\s*=\s*(.+)$"
+
+
+def _through_assignment(renderer: RuntimeRenderer, compared: ComparedRenders, output: marks.Tag,
+                        expression: nodes.Node, printed: str) -> tuple[marks.Tag, Contrast] | None:
+    """For an output of variables: the nearest `{% set NAME = EXPR %}` before it, of one of them, whose EXPR
+    (rendered alone by transformers with the values captured there) gives what the output printed, and EXPR's
+    differing part under the runtime."""
+    import re
+
+    for name in marks.free_names(expression):
+        pattern = re.compile(_SET.format(name=re.escape(name)), re.DOTALL)
+        assignments = [t for t in compared.scanned.tags if t.kind == "block" and t.start < output.start
+                       and pattern.match(t.body)]
+        for assignment in reversed(assignments):
+            value = pattern.match(assignment.body).group(1).strip()  # type: ignore[union-attr]
+            assigned = marks.parse_expression(value)
+            if assigned is None:
+                continue
+            names = marks.free_names(assigned)
+            for occurrence in range(64):
+                row = _captured_row(renderer, compared, assignment, names, occurrence)
+                if row is None:
+                    break
+                try:
+                    if reference_render("{{ " + value + " }}", row) != printed:
+                        continue
+                except Exception:  # noqa: BLE001 - not renderable alone: try the next
+                    continue
+                contrast = isolate(renderer, value, row)
+                if contrast is not None:
+                    return assignment, contrast
+    return None
 
 
 def _literal(renderer: RuntimeRenderer, compared: ComparedRenders, index: int) -> RuntimeDifference:

@@ -169,6 +169,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_litellm_1_104_drops_the_reasoning_and_1_110_keeps_it": (SLOW, REAL),
         "test_strip_thinking_cache_keeps_the_prompt_not_the_reply": (SLOW, REAL),
         "test_default_template_kwargs_of_the_server_apply_where_the_request_sets_none": (SLOW, REAL),
+        "test_a_value_computed_by_a_set_is_located_at_the_assignment": (SLOW, REAL),
     },
     "test_lazy_provenance.py": {"*": (SLOW, REAL)},  # its module fixture runs the default matrix twice
     "test_matrix_causes.py": {"*": (SLOW, REAL)},  # its module fixture runs every break of the default matrix

@@ -233,3 +233,21 @@ def test_default_template_kwargs_of_the_server_apply_where_the_request_sets_none
     cell = run_cell("qwen3.6", "next-user-turn", 'vllm@0.33.0[default-chat-template-kwargs={"preserve_thinking":true}]',
                     {"preserve_thinking": False}, explain=False)
     assert cell.status == "breaks"
+
+
+@needs_node
+def test_a_value_computed_by_a_set_is_located_at_the_assignment() -> None:
+    """Qwen3.6 prints a parameter's value that a `set` computed (`args_value | tojson`); under SGLang, which converts
+    the arguments by the tool schema, @huggingface/jinja prints 1.0 as 1 there: the set's taken branch is the
+    construct, the output that printed it second."""
+    from engine.simulate import run_cell
+    from tests.conftest import require_release
+
+    require_release("sglang@0.5.23")
+    cell = run_cell("qwen3.6", "args-serialization", "sglang+hfjs")
+    cause = cell.cause
+    assert (cause.stage, [str(loc) for loc in cause.locations]) == (
+        "runtime", ["Qwen-Qwen3.6-35B-A3B.jinja:122", "Qwen-Qwen3.6-35B-A3B.jinja:123"])
+    assert (cause.contrast.construct, cause.contrast.inputs) == ("{{ ((args_value)|tojson) }}", '{"args_value": 1.0}')
+    assert (cause.contrast.reference_output, cause.contrast.runtime_output) == ("1.0", "1")
+    assert "(sglang): the break moves from character 4817 of 5033 to 4932 of 5033" in cause.proof
