@@ -287,7 +287,6 @@ CAUSE_KINDS: dict[str, str] = {
     "client-dropped-field": "the client sent the assistant turn back without a field the engine returned",
     "runtime-differs": "the template runtime renders a construct otherwise than transformers' Jinja (tojson, printed "
                        "values, tests, string methods, whitespace control)",
-    "runtime-refuses": "the template runtime fails on a construct that transformers' Jinja renders",
     "proxy-rewrote": "a proxy or client between the client and the engine rewrote the history (a field dropped, "
                      "renamed or changed)",
     "cache-dropped": "the engine's prefix cache keeps only the prompt: the completion's tokens are computed again",

@@ -59,6 +59,9 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
     if isinstance(spec, str):
         spec = parse_engine(spec)
     if spec.runtime is not None or spec.proxies:  # the layers around the engine are the column's (serving.layers)
+        problem = proxy_problem(spec)
+        if problem is not None:
+            raise ValueError(problem)
         return get_engine(replace(spec, runtime=None, proxies=()))
     if spec.flags:
         # A server flag is run through the release's own code, where it is implemented (its real twin for a pinned
@@ -156,6 +159,22 @@ def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
         return twin, parse(twin)
 
 
+def proxy_problem(spec: EngineSpec) -> str | None:
+    """The sentence for a proxy the column names that is none (litellm, litellm@VERSION, a profile), else None."""
+    if not spec.proxies:
+        return None
+    from engine.serving.proxies import known_proxies
+
+    known = known_proxies()
+    unknown = [name for name in spec.proxies if name.partition("@")[0] not in known or
+               ("@" in name and name.partition("@")[0] != "litellm")]
+    if not unknown:
+        return None
+    return (f"unknown layer {unknown[0][:40]!r} in engine {str(spec)[:80]!r}; known: a template runtime (minijinja, "
+            f"hfjs) or a proxy ({', '.join(known)}; litellm@VERSION: another LiteLLM release); a release is named "
+            "without a local version (+...)")
+
+
 def known_engine(text: object) -> EngineSpec:
     """An engine argument from outside (the CLI, a link, evidence) parsed once and checked against the engines there
     are: raw, bridge, renderers, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser
@@ -167,6 +186,9 @@ def known_engine(text: object) -> EngineSpec:
         raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or "
                             f"one of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on "
                             "PyPI") from None
+    problem = proxy_problem(spec)  # before the release: a name is data, a release may be a question to PyPI
+    if problem is not None:
+        raise ExplorerError(problem)
     if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.flags or
                                    spec.release not in EMULATIONS | NEWEST):
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
@@ -174,13 +196,4 @@ def known_engine(text: object) -> EngineSpec:
             get_engine(spec)
         except ValueError as err:
             raise ExplorerError(str(err)) from None
-    if spec.proxies:
-        from engine.serving.proxies import known_proxies
-
-        known = known_proxies()
-        unknown = [name for name in spec.proxies if name.partition("@")[0] not in known or
-                   ("@" in name and name.partition("@")[0] != "litellm")]
-        if unknown:
-            raise ExplorerError(f"unknown proxy {unknown[0]!r} in engine {str(spec)!r}; known: {', '.join(known)} "
-                                "(litellm@VERSION: another LiteLLM release)")
     return spec  # raw, bridge, renderers (a version of it: the cell says when it is not the one installed)
