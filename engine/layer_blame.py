@@ -179,7 +179,8 @@ def _proxy_cause(boundary: Boundary, name: str, without: EngineSpec, again: Boun
     edit = min(edits, key=rank)
     return Cause(
         stage="proxy", kind="proxy-rewrote", locations=(edit.location,),
-        changed=f"{edit.description}: {edit.before[:80]!r} -> {edit.after[:80]!r}", fix=None,
+        changed=f"{edit.description}" + (f": the client sent {str(value)[:80]!r}" if (value := _sent_value(
+            boundary, edit)) is not None else f": {edit.before[:80]!r} -> {edit.after[:80]!r}"), fix=None,
         proof=f"re-run without {name} ({without}): {_words(boundary, again)}",
         detail=f"{edit.location.origin} ({edit.location}) {edit.description}; "
                f"{len(edits)} rewrite{'s' if len(edits) != 1 else ''} by it at this boundary",

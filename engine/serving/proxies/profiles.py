@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from engine.errors import ExplorerError
 from engine.serving.proxies.base import Forwarded, LayerUnavailable
@@ -73,9 +72,9 @@ class ClientProfile:
                     continue
                 where = f"messages[{index}]"
                 if step.op == "drop" and step.field in changed:
-                    value = changed.pop(step.field)
+                    changed.pop(step.field)
                     edits.append(Edit(f"{step.field}_dropped", f"{where}.{step.field}", "", self._location(step),
-                                      f"{self.id} does not send {step.field} ({_shown(value)})"))
+                                      f"{self.id} does not send {where}.{step.field}"))
                 elif step.op == "rename" and step.field in changed and step.to:
                     changed[step.to] = changed.pop(step.field)
                     edits.append(Edit(f"{step.field}_renamed", f"{where}.{step.field}", f"{where}.{step.to}",
@@ -89,11 +88,6 @@ class ClientProfile:
 
     def response(self, message: dict) -> tuple[dict, tuple[Edit, ...]]:
         return message, ()
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def profile_names() -> list[str]:
