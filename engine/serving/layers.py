@@ -118,7 +118,11 @@ def _stock_with_runtime(model_id: str, name: str) -> LoadedModel:
 def _build_with_runtime(model: LoadedModel, name: str) -> LoadedModel:
     from engine.render.cache import CachedRenderer
     from engine.render.runtimes import RuntimeRenderer, RuntimeUnavailable, runtime
+    from engine.sandbox import SandboxedRenderer
 
+    if isinstance(getattr(model.renderer, "inner", model.renderer), SandboxedRenderer):
+        raise LayerUnavailable(f"{model.id}'s template {model.renderer.source_path} is an upload, rendered only in the "
+                               f"sandbox: {name} renders the stock models' templates")
     source = getattr(model.renderer, "template_source", None)
     if not isinstance(source, str):
         raise LayerUnavailable(f"{model.id} is rendered by {model.renderer.source_path}, not a Jinja template: there "
