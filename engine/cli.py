@@ -243,10 +243,13 @@ def _print_what_if(result, target: str | None) -> int:
 
 
 def _split(value: str | None, option: str = "") -> list[str] | None:
-    """A comma-separated option's names (None when not given); an option given with no name in it is one sentence."""
+    """A comma-separated option's names (None when not given); an option given with no name in it is one sentence.
+    A comma inside brackets or braces is part of a name (an engine's server flags: `sglang[a,b]`)."""
     if value is None:
         return None
-    names = [v for v in value.split(",") if v]
+    from engine.serving.spec import split_names
+
+    names = [v for v in split_names(value) if v]
     if not names and option:
         raise ExplorerError(f"{option} names nothing, got {value!r}")
     return names or None

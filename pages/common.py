@@ -127,6 +127,11 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
         show_cause(cell.cause, model, apply_fix, key)
 
 
+# What the two sides of an edit are, by the cause's stage.
+EDIT_SIDES = {"parser": ("engine was given", "engine returned"), "proxy": ("the client sent", "the proxy forwarded"),
+              "cache": ("the previous sequence", "what the cache keeps")}
+
+
 def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
     """The cause card of a matrix cell or of a replayed trace step."""
     with st.container(border=True):
@@ -137,16 +142,26 @@ def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], Non
         st.text(cause.changed)  # the model's text and the template's: shown as text, never as Markdown
         if cause.line_text:
             st.code(cause.line_text, language=None)
-        if cause.stage == "template":
+        if cause.stage in ("template", "runtime"):
             _template_lines(model, cause.location)  # the construct's lines, highlighted
             for emitted in cause.locations[1:]:
                 st.text(f"Emitted at {emitted}:")
                 st.code(emitted.text, language=None)
-        elif cause.edit is not None:
+        if cause.contrast is not None:  # a runtime cause: the construct rendered alone under both runtimes
+            contrast = cause.contrast
+            st.text(f"Rendered alone with the same inputs: {contrast.construct}")
+            st.code(contrast.inputs, language="json")
             cols = st.columns(2)
-            cols[0].caption("engine was given")
+            cols[0].caption(contrast.reference)
+            cols[0].code(visible(contrast.reference_output) or "(empty)", language=None)
+            cols[1].caption(contrast.runtime)
+            cols[1].code(visible(contrast.runtime_output) or "(empty)", language=None)
+        elif cause.edit is not None and cause.stage != "template":
+            before, after = EDIT_SIDES.get(cause.stage, EDIT_SIDES["parser"])
+            cols = st.columns(2)
+            cols[0].caption(before)
             cols[0].code(visible(cause.edit.before) or "(empty)", language=None)
-            cols[1].caption("engine returned")
+            cols[1].caption(after)
             cols[1].code(visible(cause.edit.after) or "(empty)", language=None)
         st.caption(plain(f"Proof: {cause.proof}"))
         if cause.fix:
@@ -215,6 +230,8 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
     if cell.renderer:
         st.caption(plain(f"Rendered by {cell.renderer}; request side: {cell.request_side}."))
+    if cell.layers:
+        st.caption(plain("Layers passed, client side first: " + " → ".join(cell.layers) + "."))
     if cell.status == "error":
         error_card(cell, model)
     elif cell.status == "unavailable":
@@ -240,7 +257,7 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
 
 
 def export_buttons(cell: CellResult, model: LoadedModel, key: str, upload: dict | None = None) -> None:
-    stem = f"{cell.model}_{cell.scenario}_{engine_spec(cell)}".replace("@", "-").replace("/", "-")
+    stem = re.sub(r"[^A-Za-z0-9._+-]", "-", f"{cell.model}_{cell.scenario}_{engine_spec(cell)}")
     cols = st.columns(3)
     try:
         evidence = json.dumps(cell_evidence(cell, model, upload=upload), ensure_ascii=False, indent=2)

@@ -19,7 +19,7 @@ from engine.models import LoadedModel, default_model_ids, load_spec, preload_mod
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.serving.registry import engine_versions, list_engines
-from engine.serving.spec import EngineSpec, ParserPair
+from engine.serving.spec import EngineFlag, EngineSpec, ParserPair
 from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
@@ -85,6 +85,15 @@ def _init_from_url() -> None:
             st.session_state[f"parsers:{name}"] = params[f"{name}_parsers"]
     if params.get("level") in ("token", "string"):
         st.session_state.level = params["level"]
+    runtimes = {value: label for label, value in RUNTIME_CHOICES.items() if value}
+    if params.get("runtime") in runtimes:
+        st.session_state["layer:runtime"] = runtimes[params["runtime"]]
+    if params.get("proxies"):
+        st.session_state["layer:proxies"] = [p for p in params["proxies"].split(",") if p in _proxy_choices()]
+    if params.get("strip_thinking_cache") == "1":
+        st.session_state["layer:strip_thinking_cache"] = True
+    if params.get("default_kwargs"):
+        st.session_state["layer:default_kwargs"] = params["default_kwargs"][:500]
     for problem in _kwargs_from_link(params.get("kwargs", "{}")):
         st.warning(plain(problem))
     if params.get("model") and params.get("scenario") and params.get("cell_engine"):
@@ -145,16 +154,50 @@ def _link_cell_problem(selected: dict) -> str | None:
 
 def _engine_spec(name: str) -> EngineSpec | str:
     """The column the sidebar picks: raw, bridge, renderers, or vLLM / SGLang at the chosen release with the typed
-    parser pair; a pair that names none stays the text as typed, whose cells then say why."""
+    parser pair, with the layers the sidebar names around raw, vLLM and SGLang; a pair or a flag value that names
+    none stays the text as typed, whose cells then say why."""
     if name not in VERSIONS:
-        return EngineSpec.parse(name)
+        return _with_layers(EngineSpec.parse(name))
     release = EngineSpec.parse(name)
     version = st.session_state.get(f"ver:{name}", VERSIONS[name][0])
     pair = st.session_state.get(f"parsers:{name}", "").strip()  # "qwen3+hermes": the engine's own CLI names
     try:
-        return dataclasses.replace(release, version=version, parsers=ParserPair.parse(pair) if pair else None)
+        spec = dataclasses.replace(release, version=version, parsers=ParserPair.parse(pair) if pair else None)
     except EngineSpecError:
         return f"{name}@{version}/{pair}"
+    try:
+        return _with_layers(spec)
+    except EngineSpecError:  # the flag's value as typed: its cells say why
+        return f"{spec}[default-chat-template-kwargs={st.session_state.get('layer:default_kwargs', '').strip()}]"
+
+
+# The layers the sidebar offers (issue 27): a template runtime, proxies and client profiles, SGLang's and vLLM's
+# history-changing server flags.
+RUNTIME_CHOICES = {"transformers' Jinja": None, "MiniJinja": "minijinja", "@huggingface/jinja": "hfjs"}
+
+
+def _proxy_choices() -> list[str]:
+    from engine.serving.proxies import known_proxies
+    from engine.serving.proxies.litellm import STRIPPING
+
+    return [*known_proxies(), f"litellm@{STRIPPING}"]
+
+
+def _with_layers(spec: EngineSpec) -> EngineSpec:
+    """`spec` with the sidebar's layers, where the column takes them (raw, vLLM, SGLang); flags on vLLM and SGLang
+    only, each where that engine has it. A flag value that is not a JSON object raises EngineSpecError."""
+    if spec.kind not in ("raw", "vllm", "sglang"):
+        return spec
+    runtime = RUNTIME_CHOICES.get(st.session_state.get("layer:runtime", "transformers' Jinja"))
+    proxies = tuple(p for p in st.session_state.get("layer:proxies", []) if p in _proxy_choices())
+    flags: list[EngineFlag] = []
+    if spec.kind == "sglang" and st.session_state.get("layer:strip_thinking_cache"):
+        flags.append(EngineFlag("strip-thinking-cache"))
+    defaults = st.session_state.get("layer:default_kwargs", "").strip()
+    if spec.is_serving_engine and defaults:
+        flags.append(EngineFlag.parse(f"default-chat-template-kwargs={defaults}", kind=spec.kind, engine=str(spec)))
+    return dataclasses.replace(spec, runtime=runtime, proxies=proxies,
+                               flags=tuple(flags) if spec.is_serving_engine else ())
 
 
 def _apply_fix(fix: dict) -> None:
@@ -163,9 +206,14 @@ def _apply_fix(fix: dict) -> None:
     if fix.get("kind") == "kwarg" and selected:
         st.session_state[kwarg_state_key(selected["model"], fix["kwarg"])] = fix["value"]
     elif fix.get("kind") == "engine":
-        release = EngineSpec.parse(fix["engine"])  # a release of the cell's own engine (engine.blame)
-        st.session_state[f"ver:{release.kind}"] = release.version
+        release = EngineSpec.parse(fix["engine"])  # a release of the cell's own engine, or the column less a layer
+        if release.version is not None:
+            st.session_state[f"ver:{release.kind}"] = release.version
         st.session_state.engine_view = release.kind
+        if release.runtime is None:
+            st.session_state["layer:runtime"] = "transformers' Jinja"
+        st.session_state["layer:proxies"] = list(release.proxies)
+        st.session_state["layer:strip_thinking_cache"] = release.flag("strip-thinking-cache") is not None
         selected["engine"] = release
     elif fix.get("kind") == "bridge":
         st.session_state.engine_view = "bridge"
@@ -197,6 +245,21 @@ def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
         sb.text_input(f"{name} parsers", key=f"parsers:{name}", placeholder="the model's own",
                       help="reasoning+tool parser by the engine's CLI names, e.g. qwen3+hermes (- for none)")
+    with sb.expander("Layers between the model and the cache", expanded=bool(
+            st.session_state.get("layer:proxies") or st.session_state.get("layer:strip_thinking_cache")
+            or st.session_state.get("layer:default_kwargs") or
+            st.session_state.get("layer:runtime", "transformers' Jinja") != "transformers' Jinja")):
+        st.selectbox("Template runtime", list(RUNTIME_CHOICES), key="layer:runtime",
+                     help="who renders the model's template for raw, vLLM and SGLang: transformers' Jinja, MiniJinja "
+                          "(Rust servers and gateways) or @huggingface/jinja (transformers.js)")
+        st.multiselect("Proxy or client", _proxy_choices(), key="layer:proxies",
+                       help="between the client and the engine, client side first: LiteLLM's own hosted_vllm code "
+                            "(litellm@1.104.9 dropped reasoning_content) or a client profile (proxy_profiles/)")
+        st.checkbox("SGLang --strip-thinking-cache", key="layer:strip_thinking_cache",
+                    help="the cache keeps only the prompt of a reply that reasoned")
+        st.text_input("--default-chat-template-kwargs", key="layer:default_kwargs",
+                      placeholder='{"preserve_thinking": true}',
+                      help="the server's template kwargs (vLLM and SGLang), used where the request sets none")
     sb.radio("Level", ("token", "string"), key="level", horizontal=True)
     # The kwargs come before the long model and scenario pickers, so that they stay in view.
     sb.markdown("**Template kwargs**")
@@ -566,6 +629,15 @@ def _write_url() -> None:
                 changed.setdefault(model_id, {})[kwarg.name] = value
     if changed:
         params["kwargs"] = json.dumps(changed, sort_keys=True)
+    runtime = RUNTIME_CHOICES.get(st.session_state.get("layer:runtime", "transformers' Jinja"))
+    if runtime:
+        params["runtime"] = runtime
+    if st.session_state.get("layer:proxies"):
+        params["proxies"] = ",".join(st.session_state["layer:proxies"])
+    if st.session_state.get("layer:strip_thinking_cache"):
+        params["strip_thinking_cache"] = "1"
+    if st.session_state.get("layer:default_kwargs", "").strip():
+        params["default_kwargs"] = st.session_state["layer:default_kwargs"].strip()
     selected = st.session_state.get("selected")
     if selected:
         params.update(model=selected["model"], scenario=selected["scenario"], cell_engine=str(selected["engine"]))

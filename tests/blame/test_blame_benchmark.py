@@ -108,6 +108,8 @@ def test_the_benchmark_covers_every_kind_model_and_stage() -> None:
     assert any("inject" in c for c in CASES) and any(c["model"] == "deepseek-v4" and "line" in c for c in CASES)
     # Every kind a template, encoder or engine edit can produce; the client and tokenizer kinds come from the
     # scenarios themselves (tests/test_findings.py), close-inserted from truncation (test_matrix_causes).
-    # A null for "" renders like "" in these six templates (no engine edit of that kind can break them).
+    # A null for "" renders like "" in these six templates (no engine edit of that kind can break them). The layers'
+    # kinds come from columns with layers (tests/test_layers.py).
     assert set(CAUSE_KINDS) - set(kinds) == {"client-dropped-field", "retokenised", "close-inserted",
-                                              "content-dropped", "content-null"}
+                                              "content-dropped", "content-null", "runtime-differs", "proxy-rewrote",
+                                              "cache-dropped"}

@@ -523,6 +523,9 @@ class RealEngine(EngineEmulation):
                 vocab = AddedVocab(vocab.ids, vocab.special)
         vocab = vocab or AddedVocab(dict(added_tokens or {}), frozenset(added_tokens or ()))
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
+        defaults = self.server_flags.get("default-chat-template-kwargs")
+        if defaults:  # the parsers read the kwargs the server resolved: its defaults under the request's own
+            chat_template_kwargs = {**defaults, **(chat_template_kwargs or {})}
         if stream and chunks is None:
             chunks = default_chunks(text)
         job = {"op": "parse", "text": text, "chunks": chunks or vocab.chunks(text), "stream": stream,
@@ -596,7 +599,7 @@ class RealEngine(EngineEmulation):
                "chat_template_kwargs": dict(kwargs), "chat_template": chat_template,
                # the server is started with its parser pair (SGLang 0.5.1 refuses a request without a tool parser)
                "reasoning_parser": (parsers or {}).get("reasoning_parser"),
-               "tool_parser": (parsers or {}).get("tool_call_parser")}
+               "tool_parser": (parsers or {}).get("tool_call_parser"), **self._server_job()}
         try:
             reply = self.render_request(job)
         except RenderError as err:
@@ -607,6 +610,30 @@ class RealEngine(EngineEmulation):
         conversation = reply["conversation"]
         edits = request_edits(self.origin, reply.get("entry", ""), messages, conversation)
         return RequestPrep(conversation, edits, None, template_kwargs=reply["template_kwargs"], tools=reply["tools"])
+
+    def _server_job(self) -> dict:
+        """The server flags a job carries (none: no key, so a flagless job's cache key is what it always was)."""
+        return {"server": dict(self.server_flags)} if self.server_flags else {}
+
+    def cache_kept(self, prompt_len: int, output_ids: list[int], *, require_reasoning: bool,
+                   think_end_ids: list[int], think_start_ids: list[int]) -> dict | None:
+        """How many tokens of a finished request the release keeps in its prefix cache under this column's server
+        flags, by its own code (glue_sglang.cache_kept): {"kept", "where", "line", ...}; None where the release
+        has no such code (vLLM, or a release without the flag)."""
+        if self.name != "sglang" or "strip-thinking-cache" not in self.server_flags:
+            return None
+        job = {"op": "cache_kept", "tokenizer": AddedVocab({}, frozenset()).job(), "prompt_len": prompt_len,
+               "output_ids": list(output_ids), "require_reasoning": require_reasoning,
+               "think_end_ids": list(think_end_ids), "think_start_ids": list(think_start_ids), **self._server_job()}
+        try:
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
+        except EngineWorkerError as err:
+            raise ExplorerError(f"{self.spec}'s cache code did not answer: {err}") from None
+        result = reply.get("result") or {}
+        if not reply.get("ok"):
+            raise ExplorerError(f"{self.spec}'s cache code failed at {reply.get('where')}: {reply.get('error')}")
+        return None if "unsupported" in result else result
 
     def render_request(self, job: dict, tokenizer: Any = None) -> dict:
         """One request through the release's own request side in its worker (glue_*.py `render`); RenderError in

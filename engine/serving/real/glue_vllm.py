@@ -241,6 +241,11 @@ class Glue:
         params = call_with(request.build_chat_params, {"default_template": job.get("chat_template"),
                                                        "default_template_content_format": "auto",
                                                        "reasoning_effort_map": {}})
+        server_defaults = (job.get("server") or {}).get("default-chat-template-kwargs")
+        if server_defaults and hasattr(params, "with_defaults"):
+            # --default-chat-template-kwargs, as the release's online renderer applies them (renderers/
+            # online_renderer.py: build_chat_params(...).with_defaults(default_template_kwargs))
+            params = params.with_defaults(server_defaults)
         if hasattr(params, "with_defaults"):
             merge = getattr(params_module, "merge_kwargs", None)
             params = params.with_defaults(merge(None, defaults) if merge else defaults)
