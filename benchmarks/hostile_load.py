@@ -1,6 +1,6 @@
 """Hostile uploads under load: do other visitors notice? (issue 15)
 
-    python benchmarks/hostile_load.py [--sessions 5] [--duration 60] [--json PATH|-]
+    python benchmarks/hostile_load.py [--sessions 5] [--duration 60] [--rounds 2] [--json PATH|-]
 
 Starts `streamlit run app.py` on loopback with an empty workspace of its own and drives it with Debian's chromium
 through Playwright, in two phases of `--duration` seconds on the same server:
@@ -11,11 +11,14 @@ through Playwright, in two phases of `--duration` seconds on the same server:
    tool turns (refused after the time limit) and a Kimi `tiktoken.model` lacking the single byte "Z" (refused),
    while the others click as before.
 
-Figures: each phase's click latency (median, max, count) over the clicking sessions, their ratio (hostile /
-baseline), the hostile session's refusals and how long each took, and how many times any page showed an exception
-(Streamlit's exception box). A benchmark, not a test: nothing here asserts a timing. Costs: each click is one
-script run of the matrix page with every cell cached (about 30-70 ms of server time); a late-looping upload holds
-one render worker of its own for the render time limit (5 s) and one core while it loops.
+The two phases alternate `--rounds` times on the same server (a drift in the machine's load falls on both).
+
+Figures: each kind of phase's click latency (median, 90th percentile, max, count) over the clicking sessions, their
+ratio (hostile / baseline), the load average at the end of each phase, the hostile session's refusals and how long
+each took, and how many times any page showed an exception (Streamlit's exception box). A benchmark, not a test:
+nothing here asserts a timing. Costs: each click is one script run of the matrix page with every cell cached (about
+30-70 ms of server time); a late-looping upload holds one render worker of its own for the render time limit (5 s)
+and one core while it loops.
 """
 
 from __future__ import annotations
@@ -163,13 +166,26 @@ async def _phase(browser, url: str, sessions: int, seconds: float, hostile: dict
     for context in contexts:
         await context.close()
     clicks = [x for lat in latencies for x in lat]
-    return {"clicking_sessions": sessions - (1 if hostile else 0), "clicks": len(clicks),
+    return {"clicking_sessions": sessions - (1 if hostile else 0), "clicks": len(clicks), "latencies_s": clicks,
+            "page_exceptions": len(errors), "exceptions": errors[:10], "hostile_refusals": refusals,
+            "load_average": os.getloadavg()[0]}
+
+
+def _summary(phases: list[dict]) -> dict:
+    """Phases of one kind merged: click latency median, 90th percentile and max, and the machine's load."""
+    clicks = sorted(x for phase in phases for x in phase["latencies_s"])
+    p90 = clicks[min(len(clicks) - 1, int(0.9 * len(clicks)))] if clicks else None
+    return {"clicking_sessions": phases[0]["clicking_sessions"], "clicks": len(clicks),
             "median_s": round(statistics.median(clicks), 3) if clicks else None,
-            "max_s": round(max(clicks), 3) if clicks else None,
-            "page_exceptions": len(errors), "exceptions": errors[:10], "hostile_refusals": refusals}
+            "p90_s": round(p90, 3) if p90 is not None else None,
+            "max_s": round(clicks[-1], 3) if clicks else None,
+            "load_average": [round(phase["load_average"], 2) for phase in phases],
+            "page_exceptions": sum(phase["page_exceptions"] for phase in phases),
+            "exceptions": [e for phase in phases for e in phase["exceptions"]][:10],
+            "hostile_refusals": [r for phase in phases for r in phase["hostile_refusals"]]}
 
 
-async def _run(sessions: int, seconds: float) -> dict:
+async def _run(sessions: int, seconds: float, rounds: int = 1) -> dict:
     from playwright.async_api import async_playwright
 
     (ROOT / "build" / "screenshots").mkdir(parents=True, exist_ok=True)
@@ -183,26 +199,33 @@ async def _run(sessions: int, seconds: float) -> dict:
                 await warm.goto(url)  # the first view loads every model once; not part of either phase
                 await warm.get_by_text("cells in").first.wait_for(timeout=300_000)
                 await warm.close()
-                baseline = await _phase(browser, url, sessions, seconds, None)
-                hostile = await _phase(browser, url, sessions, seconds, files)
+                # Phases alternate, so that a change in the machine's load (other jobs) falls on both alike.
+                baselines, hostiles = [], []
+                for _ in range(rounds):
+                    baselines.append(await _phase(browser, url, sessions, seconds, None))
+                    hostiles.append(await _phase(browser, url, sessions, seconds, files))
                 await browser.close()
         finally:
             server.terminate()
             server.wait(timeout=30)
+    baseline, hostile = _summary(baselines), _summary(hostiles)
     ratio = {k: round(hostile[k] / baseline[k], 2) if baseline[k] and hostile[k] else None
-             for k in ("median_s", "max_s")}
-    return {"sessions": sessions, "duration_s": seconds, "baseline": baseline, "hostile": hostile,
+             for k in ("median_s", "p90_s", "max_s")}
+    return {"sessions": sessions, "duration_s": seconds, "rounds": rounds, "baseline": baseline, "hostile": hostile,
             "ratio_hostile_to_baseline": ratio, "cpus": os.cpu_count()}
 
 
 def report_text(r: dict) -> str:
     b, h, q = r["baseline"], r["hostile"], r["ratio_hostile_to_baseline"]
-    lines = [f"{r['sessions']} browser sessions, {r['duration_s']:.0f} s a phase, {r['cpus']} CPUs",
+    lines = [f"{r['sessions']} browser sessions, {r['rounds']} round(s) of two phases of {r['duration_s']:.0f} s, "
+             f"{r['cpus']} CPUs",
              f"baseline: {b['clicks']} clicks by {b['clicking_sessions']} sessions, median {b['median_s']} s, "
-             f"max {b['max_s']} s, page exceptions {b['page_exceptions']}",
+             f"p90 {b['p90_s']} s, max {b['max_s']} s, page exceptions {b['page_exceptions']}, "
+             f"load {b['load_average']}",
              f"hostile:  {h['clicks']} clicks by {h['clicking_sessions']} sessions, median {h['median_s']} s, "
-             f"max {h['max_s']} s, page exceptions {h['page_exceptions']}",
-             f"ratio hostile/baseline: median {q['median_s']}x, max {q['max_s']}x",
+             f"p90 {h['p90_s']} s, max {h['max_s']} s, page exceptions {h['page_exceptions']}, "
+             f"load {h['load_average']}",
+             f"ratio hostile/baseline: median {q['median_s']}x, p90 {q['p90_s']}x, max {q['max_s']}x",
              f"hostile uploads refused: {len(h['hostile_refusals'])} "
              + ", ".join(f"{x['upload']} in {x['refused_after_s']} s" for x in h["hostile_refusals"][:6])]
     return "\n".join(lines)
@@ -212,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of each phase")
+    parser.add_argument("--rounds", type=int, default=2, help="baseline and hostile phases, alternated")
     parser.add_argument("--json", metavar="PATH|-")
     args = parser.parse_args(argv)
-    result = asyncio.run(_run(args.sessions, args.duration))
+    result = asyncio.run(_run(args.sessions, args.duration, args.rounds))
     if args.json:
         text = json.dumps(result, indent=2) + "\n"
         sys.stdout.write(text) if args.json == "-" else Path(args.json).write_text(text, encoding="utf-8")

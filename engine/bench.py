@@ -18,6 +18,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from engine.models import LoadedModel, load_model, load_spec, special_token_vars
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
+from engine.watch.overhead import watch_text
 
 
 @dataclass
@@ -97,6 +99,8 @@ class BenchReport:
     long_conversations: dict[str, Any] = field(default_factory=dict)
     # Long agent sessions (N read_file calls) per model, each point in a fresh process: wall, renders, floor, RSS.
     long_session: dict[str, Any] = field(default_factory=dict)
+    # The drift watch in front of a replay upstream: added latency per request at N concurrent sessions, its RSS.
+    watch: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -610,21 +614,24 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
 
 
 def _cold_matrix(request: MatrixRequest) -> float:
+    """The matrix as on a machine whose result cache is empty: every release answer asked of a worker started for
+    it (once per job: what the run asks again it has cached by then), written to a new, empty result cache."""
     from engine.serving.real.backend import stop_workers
 
     clear_run_caches(request.models)
     stop_workers()
-    before = os.environ.get("DRIFT_RESULT_CACHE")
-    os.environ["DRIFT_RESULT_CACHE"] = "0"
-    try:
-        start = time.perf_counter()
-        run_matrix(request)
-        return time.perf_counter() - start
-    finally:
-        if before is None:
-            os.environ.pop("DRIFT_RESULT_CACHE")
-        else:
-            os.environ["DRIFT_RESULT_CACHE"] = before
+    before = os.environ.get("DRIFT_RESULT_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="drift-cold-results-") as empty:
+        os.environ["DRIFT_RESULT_CACHE_DIR"] = empty
+        try:
+            start = time.perf_counter()
+            run_matrix(request)
+            return time.perf_counter() - start
+        finally:
+            if before is None:
+                os.environ.pop("DRIFT_RESULT_CACHE_DIR")
+            else:
+                os.environ["DRIFT_RESULT_CACHE_DIR"] = before
 
 
 def _progress(message: str) -> None:
@@ -633,7 +640,7 @@ def _progress(message: str) -> None:
 
 def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: bool = True,
               long_session_calls: tuple[int, ...] = LONG_SESSION_CALLS,
-              long_session_models: tuple[str, ...] = LONG_SESSION_MODELS,
+              long_session_models: tuple[str, ...] = LONG_SESSION_MODELS, watch_sessions: int = 0,
               progress: Callable[[str], None] = _progress) -> BenchReport:
     request = request or default_request()
     models = request.models
@@ -680,7 +687,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         uncaused.append(time.perf_counter() - start)
     matrix_without_causes_s = min(uncaused)
 
-    progress("matrix cold: no result cache, workers stopped")
+    progress("matrix cold: an empty result cache, workers stopped")
     matrix_cold_s = _cold_matrix(request)
 
     progress("floor: distinct strings tokenized whole")
@@ -766,6 +773,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     long_conversations = long_conversation_tokenization(long_model, repeat=repeat) if long_model else {}
     sessions = long_session(long_session_models, long_session_calls, progress, repeat=repeat) \
         if long_session_calls else {}
+    watch = watch_section(watch_sessions, progress) if watch_sessions else {}
     return BenchReport(
         date=datetime.date.today().isoformat(),
         machine=machine_name(),
@@ -815,7 +823,19 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         cache_stats=stats,
         long_conversations=long_conversations,
         long_session=sessions,
+        watch=watch,
     )
+
+
+def watch_section(sessions: int, progress: Callable[[str], None] = _progress) -> dict[str, Any]:
+    """engine.watch.overhead: the watch against its upstream direct, in one run; a failure is the section's note."""
+    from engine.watch.overhead import watch_overhead
+
+    progress(f"watch: {sessions} concurrent sessions, direct and through the watch")
+    try:
+        return watch_overhead(sessions)
+    except (OSError, RuntimeError) as err:
+        return {"sessions": sessions, "error": f"the watch section did not run: {err}"}
 
 
 def report_text(r: BenchReport) -> str:
@@ -836,7 +856,7 @@ def report_text(r: BenchReport) -> str:
     lines += [
         f"matrix, no causes {r.matrix_without_causes_s:7.3f} s  (blame's share of the matrix: "
         f"{100 * r.blame_share:.0f} %)",
-        f"matrix cold      {r.matrix_cold_s:8.3f} s  (no result cache, workers stopped first; "
+        f"matrix cold      {r.matrix_cold_s:8.3f} s  (an empty result cache, workers stopped first; "
         f"{r.ratio_cold_to_floor} x the floor)",
     ]
     lines += [
@@ -863,6 +883,7 @@ def report_text(r: BenchReport) -> str:
                      f"({lc['speedup']:.2f} x; {lc['model']}, {lc['conversations']} fuzz conversations, "
                      f"{lc['strings']} strings, {lc['tokens']} tokens)")
     lines += long_session_text(r.long_session)
+    lines += watch_text(r.watch)
     lines += [f"naive path {m}: {p}" for m, p in r.naive_paths.items()]
     lines += [f"segments {m}: {note}" for m, note in r.segment_reuse.items()]
     return "\n".join(lines)

@@ -35,7 +35,7 @@ from typing import Any
 
 from engine.errors import RenderError
 from engine.models import LoadedModel
-from engine.prefix import common_prefix
+from engine.prefix import common_prefix, common_suffix
 from engine.render.constructs import substitution_key
 from engine.scenario import CLIENT_SETTINGS, SCENARIOS_DIR, Scenario
 from engine.serving.spec import EngineSpec
@@ -85,13 +85,13 @@ def _change_size(a: str, b: str) -> int:
     (when short) only the characters a diff does not match (two newlines put around a marker are 2, not the marker's
     length twice)."""
     start = common_prefix(a, b)
-    a, b = a[start:], b[start:]
-    end = common_prefix(a[::-1], b[::-1])
-    a, b = a[:len(a) - end], b[:len(b) - end]
-    if a and b and len(a) + len(b) <= 200:
+    end = common_suffix(a, b, min(len(a), len(b)) - start)
+    differing = len(a) + len(b) - 2 * (start + end)
+    if start + end < min(len(a), len(b)) and differing <= 200:
+        a, b = a[start:len(a) - end], b[start:len(b) - end]
         matched = sum(block.size for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
-        return len(a) + len(b) - 2 * matched
-    return len(a) + len(b)
+        return differing - 2 * matched
+    return differing
 
 
 def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _Trial | None:

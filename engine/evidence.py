@@ -417,7 +417,9 @@ def _scenario_json(scenario_id: str) -> dict:
 
 
 def engine_spec(cell: CellResult) -> str:
-    """The engine argument that recomputes this cell ("vllm@0.33.0", "raw", ...)."""
+    """The engine argument that recomputes this cell ("vllm@0.33.0", "raw", "raw@minijinja", ...)."""
+    if cell.column:  # a column with layers names them (issue 27)
+        return cell.column
     return f"{cell.engine}@{cell.engine_version}" if cell.engine_version else cell.engine
 
 

@@ -63,6 +63,8 @@ def cell_json(cell: CellResult) -> dict:
         "renderer": cell.renderer,  # which renderer built the prompts (the engine's own where it has one)
         "request_side": cell.request_side,  # which code prepared the messages (emulation or the release's own)
         "boundaries": [boundary_json(b) for b in cell.boundaries],
+        # A column with layers (issue 27) says which: its name as asked and what the cell passed, client side first.
+        **({"column": cell.column, "layers": list(cell.layers)} if cell.column else {}),
     }
 
 

@@ -7,6 +7,8 @@ per process because tokenizers take a second each.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -225,3 +227,12 @@ def load_model(model_id: str, renderer: str | None = None, assets_dir: Path | No
             f"get token-level results ({err})"
         )
     return LoadedModel(spec, render, tokenizer, unavailable, hashes, sources)
+
+
+def preload_models(model_ids: Iterable[str], threads: int = 2) -> None:
+    """Load the models two at a time: a tokenizer parses its tokenizer.json (a second or so each) with the GIL
+    released, so on two cores two models load in about the time of one. A model that cannot load is left for
+    `load_model` to raise, with its sentence, where it is used."""
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="preload") as pool:
+        for loading in [pool.submit(load_model, model_id) for model_id in dict.fromkeys(model_ids)]:
+            loading.exception()

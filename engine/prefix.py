@@ -116,6 +116,23 @@ def _common_prefix_str(a: str, b: str, n: int, known: int) -> int:
     return lo
 
 
+def common_suffix(a: str, b: str, limit: int) -> int:
+    """Length of the longest common suffix of two strings, at most `limit`: compared in place with endswith, as
+    `_common_prefix_str` does from the front (only the probed window of `b` is copied, never a reversed string)."""
+    la, lb = len(a), len(b)
+    n = min(la, lb, max(limit, 0))
+    if a.endswith(b[lb - n:]):
+        return n
+    lo, hi = 0, n  # a and b agree on their last lo characters, not on their last hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.endswith(b[lb - mid:lb - lo], 0, la - lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class SharedSequence:
     """The first `keep` items of `parent`, then `tail` (a str, or a numpy array of token ids); immutable.
 

@@ -7,7 +7,7 @@ path. YAML is read by `load_yaml`: the safe loader, at most 1 MB and 32 aliases,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,13 @@ LIBRARY_FILES = ("tools", "preambles")  # scenarios/*.yaml that hold what scenar
 
 
 def scenario_ids() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem not in LIBRARY_FILES)
+    # Asked for every cell: the folder is listed again only when its entries change (its mtime).
+    return list(_scenario_ids(SCENARIOS_DIR.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=4)
+def _scenario_ids(_folder_mtime_ns: int) -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.stem not in LIBRARY_FILES))
 
 
 def load_scenario(scenario_id: str) -> Scenario:

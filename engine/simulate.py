@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.call_ids import SessionCallIds
 from engine.client import client_call_ids, client_message, scripted_message, undo_request_edit
@@ -22,7 +22,14 @@ from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
 from engine.serving.base import EngineEmulation, RequestPrep
-from engine.serving.bridge import bridge_ids, bridge_prompt, sampled_completion_ids
+from engine.serving.bridge import (
+    CHOICE_NOTE,
+    BridgeUnavailable,
+    bridge_ids,
+    bridge_prompt,
+    sampled_completion_ids,
+)
+from engine.serving.layers import LayerUnavailable
 from engine.serving.raw import raw_request
 from engine.serving.spec import EngineSpec
 from engine.tokenize import token_ids
@@ -33,6 +40,7 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     Change,
     EchoingClient,
     Edit,
+    Location,
     ParseResult,
     PrefixCheck,
     Provenance,
@@ -45,6 +53,9 @@ from engine.types import (  # noqa: F401 - Boundary, Cause, CellResult and Prefi
     WithEngine,
     WithKwargs,
 )
+
+if TYPE_CHECKING:
+    from engine.serving.layers import ColumnLayers
 
 ENGINES = ("vllm", "sglang", "raw", "bridge", "renderers")
 
@@ -101,11 +112,13 @@ class _Overrides:
 
 def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
                   user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
-                  stop_after: int | None = None, overrides: _Overrides | None = None) -> CellResult:
+                  stop_after: int | None = None, overrides: _Overrides | None = None, tokens: bool = True
+                  ) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
-    status is about those. `engine`: a spec, or its name (parsed here, once)."""
+    status is about those. `tokens=False`: prefixes as strings only (a re-run whose question is the string prefix).
+    `engine`: a spec, or its name (parsed here, once)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
@@ -116,32 +129,63 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         engine_name, version = _engine_parts(engine)
     except ValueError as err:
         return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.UNAVAILABLE, note=str(err))
+    except ExplorerError as err:  # a release's worker that hung or died while listing the parsers a pair names
+        return CellResult(model_id, scenario.id, str(engine), "", kwargs, Status.ERROR, note=str(err))
+    server_defaults = engine.flag("default-chat-template-kwargs")
+    if server_defaults is not None:
+        # The server's defaults apply where the request leaves a kwarg unset: the model's own defaults are not sent
+        # for those (a scenario's or the user's still are, and win, as in the release's code).
+        kwargs = {k: v for k, v in kwargs.items() if k not in server_defaults.json_value() or k in scenario.kwargs
+                  or k in user_kwargs}
+    from engine.serving.layers import base_model, column_layers
     from engine.serving.rendering import ServingUnavailable, served_model, serving_path
 
+    model = base_model(model)  # a re-run of a runtime's cell on another column renders as that column does
     emulation = _engine(engine) if engine.is_serving_engine else None
+    layered = dict(column=str(engine)) if engine.has_layers else {}
     try:
         # The model as this engine release renders it (vLLM × gpt-oss through openai-harmony, …).
         model = served_model(model, emulation) if emulation is not None else (model.served_from or model)
     except ServingUnavailable as err:
-        return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err))
+        return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err),
+                          **layered)
+    layers = None
+    if engine.has_layers:
+        try:
+            layers = column_layers(model, engine, emulation)
+        except LayerUnavailable as err:
+            return CellResult(model_id, scenario.id, engine_name, version, kwargs, Status.UNAVAILABLE, note=str(err),
+                              **layered)
+        model = layers.model
+        layered["layers"] = layers.passed
     base = dict(model=model_id, scenario=scenario.id, engine=engine_name, engine_version=version, kwargs=kwargs,
-                asset_hashes=model.asset_hashes)
+                asset_hashes=model.asset_hashes, **layered)
     if engine.kind == "renderers":
         return _renderers_cell(model, scenario, engine, kwargs, base, stop_after)
 
     def cell(**fields: Any) -> CellResult:  # the serving path is read after the run: which code actually ran
         return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
     try:
+        # The engine's parses are asked untraced: only the one at the break is traced, for its cause (below).
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation,
-                                trace_parses=explain)
+                                trace_parses=False, tokens=tokens, layers=layers)
     except _Unavailable as err:
         return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
         return cell(status=Status.ERROR, boundaries=err.boundaries, note=str(err))
     note = model.tokenizer_unavailable
+    if engine.runtime is not None and explain:  # whether the runtime's prompts are transformers' (and where not)
+        from engine.runtime_compare import prompt_note
+
+        runtime_note = prompt_note(model.renderer.inner, [(b.index + 1, b.next_prompt, b.next_request)
+                                                          for b in boundaries])
+        note = f"{runtime_note}; {note}" if note else runtime_note
     if engine.kind == "bridge":  # which renderer the column used, and that it rendered no history
         used = (f"append-only: the previous ids kept, the new messages rendered by {model.renderer.source_path} after "
                 "a synthetic closed turn, as the client sent them")
+        for b in boundaries:
+            if CHOICE_NOTE in b.next_prompt.origin:
+                used += f"; at request {b.index + 1} {CHOICE_NOTE}{b.next_prompt.origin.split(CHOICE_NOTE, 1)[1]}"
         note = f"{used}; {note}" if note else used
     if all(b.holds for b in boundaries):
         return cell(status=Status.HOLDS, boundaries=boundaries, note=note)
@@ -150,9 +194,40 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         from engine.blame import BlameContext, explain_break
 
         broken = next(b for b in boundaries if not b.holds)
+        if engine.is_serving_engine and not broken.parse.edits and not broken.string_prefix.holds:
+            # (a break in the ids alone is the tokenizer's: no parser line is cited)
+            boundaries, broken = _traced_break(model, scenario, engine, kwargs, overrides, emulation, layers,
+                                               boundaries, broken)
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
-        cause = explain_break(broken, context, _rerun_function(context, broken), hints=hints)
+        rerun = _rerun_function(context, broken)
+        if engine.has_layers:  # a runtime, a proxy or a flag is blamed first, by re-running without it
+            from engine.layer_blame import explain_layer_break
+
+            def cell_without(spec: EngineSpec) -> CellResult:
+                return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index)
+
+            cause = explain_layer_break(broken, context, rerun, hints=hints, cell_without=cell_without)
+        if cause is None:
+            cause = explain_break(broken, context, rerun, hints=hints)
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
+
+
+def _traced_break(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
+                  overrides: _Overrides | None, emulation: EngineEmulation | None, layers: ColumnLayers | None,
+                  boundaries: tuple[Boundary, ...], broken: Boundary) -> tuple[tuple[Boundary, ...], Boundary]:
+    """The cell's boundaries with the break's parse asked again with the line tracer, so that its edits cite the
+    release's executed lines (a release's own code answers untraced; the tracer costs up to 150 ms a parse, so only
+    the parse that a cause reads is traced). The other parses are the same jobs as before: answered from the result
+    cache. Unchanged where the traced run does not give the same boundary."""
+    try:
+        again = _roundtrip(model, scenario, engine, kwargs, broken.index, overrides, emulation, trace_at=broken.index,
+                           layers=layers)
+    except (_Unavailable, _Failed):
+        return boundaries, broken
+    traced = next((b for b in again if b.index == broken.index), None)
+    if traced is None or (traced.string_prefix, traced.token_prefix) != (broken.string_prefix, broken.token_prefix):
+        return boundaries, broken
+    return tuple(traced if b is broken else b for b in boundaries), traced
 
 
 def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict[str, Any],
@@ -186,17 +261,20 @@ def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | 
 
     def rerun(change: Change) -> Boundary | None:
         index = broken.index
+        # Blame asks these re-runs where the string prefix breaks (engine.blame._trial): no token ids. A fix hint's
+        # re-runs (kwargs, another engine) say whether the boundary holds, as ids too.
         if isinstance(change, UndoTemplate):
             return rerender(model, change.base or broken, change)
         if isinstance(change, UseParse):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, parse=change.parse)))
+                                             overrides=_Overrides(index, parse=change.parse), tokens=False))
         if isinstance(change, UndoRequestEdit):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, request_undo=change.edit)))
+                                             overrides=_Overrides(index, request_undo=change.edit), tokens=False))
         if isinstance(change, EchoingClient):
             echoing = replace(scenario, client={})
-            return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index))
+            return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index,
+                                             tokens=False))
         if isinstance(change, WithKwargs):
             return boundary_of(run_cell_with(model, scenario, engine, {**user_kwargs, **change.kwargs},
                                              explain=False, stop_after=index))
@@ -239,10 +317,13 @@ class _Failed(ExplorerError):
 
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
-               emulation: EngineEmulation | None = None, *, trace_parses: bool = True) -> tuple[Boundary, ...]:
+               emulation: EngineEmulation | None = None, *, trace_parses: bool = True, tokens: bool = True,
+               trace_at: int | None = None, layers: ColumnLayers | None = None) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
     without the line tracer (a cell whose cause is not asked for: blame's re-runs, the app's grid), so no traced edit
-    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150."""
+    is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150; `trace_at=N` traces only the parse
+    that boundary N follows. `layers`: the column's proxies, which rewrite each request the client sends and each
+    reply it gets (engine.serving.layers)."""
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
@@ -260,6 +341,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             emulation.check_names(parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
         except ValueError as err:
             raise _Unavailable(str(err)) from err
+        except ExplorerError as err:  # its worker hung or died listing them: this cell's error, the next asks again
+            raise _Failed(f"{emulation.origin}: {err}", ()) from err
 
     history: list[dict] = [{"role": "system", "content": scenario.system}] if scenario.system else []
     boundaries: list[Boundary] = []
@@ -269,31 +352,43 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
     call_cursor = 0
     calls_so_far = 0
     last_request: list[RenderRequest | None] = [None]  # what the latest render was given
+    layer_edits: list[tuple[Edit, ...]] = [(), ()]  # the proxies' edits: of the latest request, of the latest reply
 
     def render(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
+        try:
+            return render_or_refuse(messages, generation_prompt)
+        except RenderError as err:
+            raise _Failed(str(err), tuple(boundaries)) from err
+
+    def render_or_refuse(messages: list[dict], generation_prompt: bool) -> tuple[Rendered, tuple[Edit, ...]]:
+        """The request rendered; RenderError where the template refuses it (the bridge tries other histories)."""
         edits: tuple[Edit, ...] = ()
         # A copy of the list: the history grows after this render, the request it records must not.
-        messages = list(messages)
-        to_render, template_kwargs, tools = messages, kwargs, scenario.tools
+        messages = sent = list(messages)
+        tools = scenario.tools
+        if layers is not None and layers.proxies:
+            try:
+                forwarded = layers.request(messages, tools)
+            except LayerUnavailable as err:
+                raise _Unavailable(str(err)) from err
+            messages, tools, layer_edits[0] = forwarded.messages, forwarded.tools, forwarded.edits
+        to_render, template_kwargs = messages, kwargs
         if emulation is not None:
-            prep = engine_request(emulation, model, messages, scenario.tools, kwargs, parsers)
+            prep = engine_request(emulation, model, messages, tools, kwargs, parsers)
             if prep.error:
                 raise _Failed(f"{emulation.origin} rejects the next request: {prep.error}", tuple(boundaries))
             to_render, edits = prep.messages, prep.edits
             template_kwargs = template_kwargs_of(prep, kwargs)
-            tools = prep.tools if prep.tools is not None else scenario.tools
+            tools = prep.tools if prep.tools is not None else tools
             if overrides is not None and overrides.request_undo is not None and len(boundaries) + 1 == overrides.index:
                 to_render = undo_request_edit(to_render, messages, overrides.request_undo)
                 edits = tuple(e for e in edits if e != overrides.request_undo)
         else:
             to_render = raw_request(messages, fmt.arguments_in_history)
-        try:
-            rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
-                                             kwargs=template_kwargs)
-            last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=messages)
-            return rendered, edits
-        except RenderError as err:
-            raise _Failed(str(err), tuple(boundaries)) from err
+        rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
+                                         kwargs=template_kwargs)
+        last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=sent)
+        return rendered, edits
 
     for position, turn in enumerate(scenario.turns):
         if turn.role in ("user", "tool"):
@@ -306,8 +401,15 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                 continue
             if pending is not None:
                 try:
-                    boundaries.append(_close_boundary(model, engine, history, pending, render, len(boundaries) + 1,
-                                                      turn.role, last_request))
+                    boundary = _close_boundary(model, engine, history, pending, render, render_or_refuse,
+                                               len(boundaries) + 1, turn.role, last_request, tokens)
+                    if layer_edits != [(), ()]:
+                        boundary = replace(boundary, layer_edits=layer_edits[1] + layer_edits[0])
+                    if engine.flag("strip-thinking-cache") is not None and emulation is not None:
+                        boundary = _cache_kept(boundary, emulation, model)
+                    boundaries.append(boundary)
+                except BridgeUnavailable as err:  # the template refuses the new messages after any closed turn
+                    raise _Unavailable(str(err)) from err
                 except RenderError as err:  # the bridge reads provenance, whose recording render can refuse
                     raise _Failed(str(err), tuple(boundaries)) from err
                 pending = None
@@ -320,17 +422,18 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             prompt_ids = boundaries[-1].next_ids
         else:
             prompt, _ = render(history, True)
-            prompt_ids = _ids(model, prompt.text)
+            prompt_ids = _ids(model, prompt.text) if tokens else None
         completion = fmt.write(turn_as_written(model, turn.assistant, prompt.text), stop)
-        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens)
+        completion_ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens) if tokens else None
         if emulation is not None:
             request = dict(reasoning_parser=parsers.get("reasoning_parser"),
                            tool_parser=parsers.get("tool_call_parser"), tools=scenario.tools,
                            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
+            traced_here = traced if trace_at in (None, len(boundaries) + 1) else False
             try:
                 emulation, parsed = parse_served(emulation, text, request, {
-                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced,
+                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced_here,
                     "added_tokens": model.spec.added_tokens})
             except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
@@ -340,11 +443,17 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             parsed = fmt.raw_parse(completion.parser_text, reasoning_open=prompt_opens_reasoning(prompt.text))
         if overrides is not None and overrides.parse is not None and len(boundaries) + 1 == overrides.index:
             parsed = overrides.parse
-        call_ids = client_call_ids(parsed, [c.call_id for c in turn.assistant.tool_calls], fmt, session_ids,
+        got = parsed  # what the client reads off the reply (after the column's proxies)
+        if layers is not None and layers.proxies:
+            try:
+                got, layer_edits[1] = layers.response(parsed, emulation)
+            except LayerUnavailable as err:
+                raise _Unavailable(str(err)) from err
+        call_ids = client_call_ids(got, [c.call_id for c in turn.assistant.tool_calls], fmt, session_ids,
                                    calls_so_far)
         call_cursor = 0
-        calls_so_far += len(parsed.tool_calls)
-        history.append(client_message(parsed, call_ids, **scenario.client))
+        calls_so_far += len(got.tool_calls)
+        history.append(client_message(got, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
 
@@ -405,19 +514,53 @@ def turn_as_written(model: LoadedModel, turn: AssistantTurn, prompt_text: str) -
     return replace(turn, reasoning=None)
 
 
-def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, index, trigger,
-                    last_request) -> Boundary:
+def _cache_kept(boundary: Boundary, engine: EngineEmulation, model: LoadedModel) -> Boundary:
+    """The boundary as the engine's prefix cache sees it under a server flag that keeps less of a finished request
+    (SGLang's --strip-thinking-cache): the previous sequence is reusable only as far as the release's own code keeps
+    it (RealEngine.cache_kept), recorded as an edit at the release's line."""
+    cache_kept = getattr(engine, "cache_kept", None)
+    prompt_ids, completion_ids = boundary.prev_prompt_ids, boundary.completion_ids
+    if cache_kept is None or prompt_ids is None or completion_ids is None or model.tokenizer is None:
+        return boundary
+    tokens = model.spec.special_tokens
+    end_ids = list(token_ids(model.tokenizer, tokens["think_close"])) if tokens.get("think_close") else []
+    start_ids = list(token_ids(model.tokenizer, tokens["think_open"])) if tokens.get("think_open") else []
+    try:
+        found = cache_kept(len(prompt_ids), list(completion_ids),
+                           require_reasoning=reasoning_forced(model, boundary.prev_prompt.text),
+                           think_end_ids=end_ids, think_start_ids=start_ids)
+    except ExplorerError as err:
+        raise _Unavailable(str(err)) from err
+    total = len(prompt_ids) + len(completion_ids)
+    if found is None or found["kept"] >= total or boundary.token_prefix is None:
+        return boundary
+    kept = found["kept"]
+    path, _, line = found["where"].rpartition(":")
+    edit = Edit("cache_kept_prompt", f"{total} tokens (prompt and completion)", f"{kept} tokens (the prompt)",
+                Location(engine.origin, path, int(line), text=found["line"]),
+                f"{found['method']}: with --strip-thinking-cache and {found['reasoning_tokens']} reasoning tokens in "
+                f"the reply, the cache keeps the previous prompt's {kept} tokens, not the completion's "
+                f"{len(completion_ids)}")
+    kept_chars = len(boundary.prev_prompt.text)
+    return replace(boundary, token_prefix=PrefixCheck(total, min(boundary.token_prefix.common, kept)),
+                   string_prefix=PrefixCheck(boundary.string_prefix.prev_len,
+                                             min(boundary.string_prefix.common, kept_chars)),
+                   layer_edits=boundary.layer_edits + (edit,))
+
+
+def _close_boundary(model: LoadedModel, engine: EngineSpec, history, pending, render, render_or_refuse, index,
+                    trigger, last_request, tokens: bool = True) -> Boundary:
     prompt, prompt_ids, completion, completion_ids, parsed, assistant_index = pending
     prev_text = prompt.text + completion.text
     prev_ids = prompt_ids + completion_ids if prompt_ids is not None and completion_ids is not None else None
     if engine.kind == "bridge":
         next_prompt = bridge_prompt(model, prompt, completion, history[assistant_index], history[assistant_index + 1:],
-                                    assistant_index, lambda messages: render(messages, True)[0])
+                                    assistant_index, lambda messages: render_or_refuse(messages, True)[0])
         request_edits: tuple[Edit, ...] = ()
         next_ids = bridge_ids(model, prev_ids, next_prompt.text[len(prev_text):])
     else:
         next_prompt, request_edits = render(history, True)
-        next_ids = _ids(model, next_prompt.text)
+        next_ids = _ids(model, next_prompt.text) if tokens else None
     string_check = PrefixCheck(len(prev_text), common_prefix(prev_text, next_prompt.text))
     token_check = None
     if prev_ids is not None and next_ids is not None:

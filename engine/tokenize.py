@@ -9,6 +9,7 @@ offsets faster, reusing only pieces that the tokenizer itself tokenizes independ
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -96,15 +97,20 @@ class HFTokenizer:
 
 
 _LOADED_HF: dict[str, HFTokenizer] = {}
+_LOADING_HF: dict[str, threading.Lock] = {}  # one per file: models loading in parallel parse a shared file once
+_LOADING_GUARD = threading.Lock()
 
 
 def load_hf_tokenizer(tokenizer_json: bytes, sha256: str) -> HFTokenizer:
     """One `tokenizers.Tokenizer` per distinct tokenizer.json: Qwen3.5 and Qwen3.6 share one file, and parsing it
     takes half a second. Keyed by the file's verified sha256."""
-    loaded = _LOADED_HF.get(sha256)
-    if loaded is None:
-        loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})")
-        _LOADED_HF[sha256] = loaded
+    with _LOADING_GUARD:
+        lock = _LOADING_HF.setdefault(sha256, threading.Lock())
+    with lock:
+        loaded = _LOADED_HF.get(sha256)
+        if loaded is None:
+            loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})")
+            _LOADED_HF[sha256] = loaded
     return loaded
 
 

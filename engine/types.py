@@ -241,6 +241,9 @@ class Boundary:
     string_prefix: PrefixCheck
     token_prefix: PrefixCheck | None
     next_request: RenderRequest | None = field(default=None, compare=False, repr=False)
+    # What the column's proxies changed for this boundary (engine.serving.layers): the history the client sent, on its
+    # way to the engine, and the reply, on its way back.
+    layer_edits: tuple[Edit, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def prev_text(self) -> str:
@@ -284,6 +287,11 @@ CAUSE_KINDS: dict[str, str] = {
     "content-null": "an empty answer came back as null (or the reverse) and renders differently",
     "retokenised": "the text is the same, but re-tokenizing it does not give back the model's own token ids",
     "client-dropped-field": "the client sent the assistant turn back without a field the engine returned",
+    "runtime-differs": "the template runtime renders a construct otherwise than transformers' Jinja (tojson, printed "
+                       "values, tests, string methods, whitespace control)",
+    "proxy-rewrote": "a proxy or client between the client and the engine rewrote the history (a field dropped, "
+                     "renamed or changed)",
+    "cache-dropped": "the engine's prefix cache keeps only the prompt: the completion's tokens are computed again",
 }
 
 
@@ -313,6 +321,24 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Contrast:
+    """One template construct rendered alone under transformers' Jinja and under another runtime, with the same
+    inputs: the proof that the runtimes disagree on it (a runtime cause's card shows both outputs)."""
+
+    construct: str  # the construct's source, as rendered alone: "{{ (tool_call.arguments)|tojson }}"
+    inputs: str  # its variables, as JSON
+    reference: str  # "transformers' Jinja (jinja2 3.1.6)"
+    reference_output: str
+    runtime: str  # "MiniJinja 3.1.0"
+    runtime_output: str
+
+    def to_json(self) -> dict:
+        return {"construct": self.construct, "inputs": self.inputs, "reference": self.reference,
+                "reference_output": self.reference_output, "runtime": self.runtime,
+                "runtime_output": self.runtime_output}
+
+
+@dataclass(frozen=True)
 class Cause:
     """Why a boundary breaks: the change to the model's text whose undo keeps the prefix (or moves the break furthest).
 
@@ -321,15 +347,17 @@ class Cause:
     gave; `changed` says in one sentence what the model wrote against what the next prompt has.
     """
 
-    stage: str  # parser | template | tokenizer | client
+    stage: str  # parser | template | tokenizer | client | runtime | proxy | cache
     kind: str  # a key of CAUSE_KINDS
     locations: tuple[Location, ...]
     changed: str
     fix: Fix | None
     proof: str = ""
     detail: str = ""
-    # The parser or request-side step blamed, for the cause card's before/after (stage "parser" only).
+    # The parser or request-side step blamed, for the cause card's before/after (stage "parser" and "proxy").
     edit: Edit | None = None
+    # A runtime cause (stage "runtime"): the construct rendered alone under both runtimes.
+    contrast: Contrast | None = None
 
     @property
     def location(self) -> Location:
@@ -353,7 +381,8 @@ class Cause:
                 "detail": self.detail, "fix": self.fix.to_json() if self.fix else None,
                 "locations": [{"origin": loc.origin, "path": loc.path, "line": loc.line, "end_line": loc.end_line,
                                "text": loc.text} for loc in self.locations],
-                "changed": self.changed, "proof": self.proof, "explanation": self.explanation}
+                "changed": self.changed, "proof": self.proof, "explanation": self.explanation,
+                **({"runtime_outputs": self.contrast.to_json()} if self.contrast else {})}
 
 
 class Status(StrEnum):
@@ -436,6 +465,10 @@ class CellResult:
     # Which renderer built the prompts and which code prepared the messages (engine.serving.rendering.ServingPath).
     renderer: str = ""
     request_side: str = ""
+    # A column with layers (a template runtime, proxies, server flags: issue 27): its canonical name and what the
+    # cell passed, client side first; empty for every other column.
+    column: str = ""
+    layers: tuple[str, ...] = ()
 
     @property
     def focus(self) -> Boundary | None:

@@ -8,9 +8,19 @@ The folder is `$DRIFT_WORKSPACE`, else `~/.drift-explorer/workspace` (`default_r
                                  fsynced and renamed, then the whole folder is renamed to <upload id>
 
 So an upload is either complete or absent: a crash leaves at most a `.tmp-*` folder, which `list()` never reads
-and `tidy()` (run once when the app starts) removes once it is a minute old. The id is a hash of the base model
-and the files' hashes, so uploading the same files again gives the same id (and returns the stored upload, label
-unchanged). Results are recomputed from these stored inputs, so a restart loses nothing.
+and `tidy()` removes once it is a minute old (the app runs it on the operator's workspace when it starts, on a
+visitor's when their Custom templates page opens). The id is a hash of the base model and the files' hashes, so
+uploading the same files again gives the same id (and returns the stored upload, label unchanged). Results are
+recomputed from these stored inputs, so a restart loses nothing.
+
+That folder is the operator's workspace (the CLI's; the app shows its uploads to every visitor, read-only). What a
+visitor uploads through the app goes to a workspace of their own, `visitor_workspace(key)`:
+
+    visitors/<32 hex digits of sha256(key)>/     laid out as above (uploads, traces/), plus `.last-used`
+
+The key is a capability (`new_visitor_key()`: 128 random bits) that the app keeps in the page's link; the folder is
+named by its hash, so a key is never a path. A visitor's workspace holds at most DRIFT_VISITOR_MAX_MB of uploads and
+traces; one unused for DRIFT_VISITOR_IDLE_DAYS is deleted by `expire_visitor_workspaces()`.
 
 The operator's settings (environment variables; the page only shows them):
 
@@ -20,14 +30,25 @@ The operator's settings (environment variables; the page only shows them):
 | read-only: no upload or removal through the app (a shared deployment) | off | `DRIFT_WORKSPACE_READONLY=1` |
 | uploads kept at most | 200 | `DRIFT_WORKSPACE_MAX_UPLOADS` |
 | uploaded models kept loaded (tokenizers shared by sha256) | 4 | `DRIFT_WORKSPACE_LOADED_MODELS` |
+| uploads and traces of one visitor's workspace, in all | 200 MB | `DRIFT_VISITOR_MAX_MB` |
+| a visitor's workspace unused this long is deleted | 7 days | `DRIFT_VISITOR_IDLE_DAYS` |
+| nothing of a visitor's is stored while the disk has less free than | 1024 MB | `DRIFT_VISITOR_MIN_FREE_MB` |
 
 Labels are unique per base model (a second "custom" for qwen3.5 becomes "custom-2"), so every column has its own
 name. Entries that are not uploads are summed up in one sentence; a symbolic link is never followed; a `meta.json`
 that is not JSON, nested too deep, or names an unknown base model marks that upload damaged, with its sentence.
 
 API:
-    Workspace(root=None, read_only=None)
-                                    .root (a Path), .read_only (from DRIFT_WORKSPACE_READONLY unless given)
+    Workspace(root=None, read_only=None, visitor_limits=None)
+                                    .root (a Path), .read_only (from DRIFT_WORKSPACE_READONLY unless given);
+                                    visitor_limits: the disk bounds of a visitor's workspace (None: the operator's)
+    visitor_workspace(key, root=None) -> Workspace
+                                    the workspace of the visitor holding `key`; ExplorerError for a key that is
+                                    not one new_visitor_key() makes
+    expire_visitor_workspaces(root=None) -> str | None
+                                    deletes the visitor workspaces unused for DRIFT_VISITOR_IDLE_DAYS; one sentence
+    check_room(folder, adding, what, limits)
+                                    UploadError when `adding` bytes would not fit in a visitor's workspace
     .add(base_model, {role: (original name, bytes)}, label=None, uploader="") -> Upload
                                     roles: chat_template, tokenizer_config, tokenizer, tiktoken (engine/uploads.py);
                                     raises UploadError (one sentence naming the file and the problem)
@@ -72,6 +93,11 @@ MAX_UPLOADS_ENV = "DRIFT_WORKSPACE_MAX_UPLOADS"
 LOADED_MODELS_ENV = "DRIFT_WORKSPACE_LOADED_MODELS"
 META = "meta.json"
 _ID = re.compile(r"[0-9a-f]{16}")
+VISITORS = "visitors"  # <operator workspace>/visitors/<hash of a key>: the visitors' own workspaces
+NOT_UPLOADS = frozenset({"traces", VISITORS})  # the workspace's other folders (engine/traces/store.py's, visitors')
+VISITOR_KEY = re.compile(r"[A-Za-z0-9_-]{22}")  # secrets.token_urlsafe(16): 128 random bits
+LAST_USED = ".last-used"
+_MB = 1024 * 1024
 _SUFFIX = {"chat_template": ".jinja", "tokenizer_config": ".json", "tokenizer": ".json", "tiktoken": ".model"}
 _META_VERSION = 1
 
@@ -92,6 +118,27 @@ def _count_setting(name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ExplorerError(f"environment variable {name} must be a whole number greater than 0, got {raw!r}")
     return int(raw)
+
+
+@dataclass(frozen=True)
+class VisitorLimits:
+    """The bounds on one visitor's workspace (module docstring: the settings)."""
+
+    max_mb: int = 200
+    idle_days: int = 7
+    min_free_mb: int = 1024
+
+    @classmethod
+    def from_env(cls) -> VisitorLimits:
+        from engine.sandbox import env_overrides
+
+        values = env_overrides(cls, "DRIFT_VISITOR_")
+        for name, value in values.items():
+            if value <= 0:
+                variable = f"DRIFT_VISITOR_{name.upper()}"
+                raise ExplorerError(f"environment variable {variable} must be a whole number greater than 0, got "
+                                    f"{os.environ[variable]!r}")
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -150,10 +197,11 @@ _TIDY_AGE_S = 60.0  # younger staging folders may belong to a write under way in
 
 class Workspace:
     def __init__(self, root: str | Path | None = None, *, upload_limits: UploadLimits | None = None,
-                 read_only: bool | None = None) -> None:
+                 read_only: bool | None = None, visitor_limits: VisitorLimits | None = None) -> None:
         self.root = Path(root).expanduser() if root else default_root()
         self.upload_limits = upload_limits
         self.read_only = read_only_setting() if read_only is None else read_only
+        self.visitor_limits = visitor_limits  # None: the operator's workspace, bounded by the upload count only
 
     def _writable(self, doing: str) -> None:
         if self.read_only:
@@ -174,6 +222,8 @@ class Workspace:
                 return self._read(upload_id)
             except UploadError:
                 pass  # a damaged copy of these very files: replaced below
+        check_room(self.root, sum(f.size for f in validated.files), " and ".join(f.name for f in validated.files),
+                   self.visitor_limits)
         self._ensure_root()
         listing = self.list()
         most = _count_setting(MAX_UPLOADS_ENV, 200)
@@ -265,6 +315,8 @@ class Workspace:
                 continue
             elif entry.is_symlink():
                 junk.append(f"{name} (a symbolic link, never followed)")
+            elif name in NOT_UPLOADS and entry.is_dir():
+                continue
             elif not _ID.fullmatch(name) or not entry.is_dir():
                 junk.append(name)
             else:
@@ -472,6 +524,114 @@ class Workspace:
             self.root.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise ExplorerError(f"the workspace {self.root} is not a folder") from None
+
+
+def new_visitor_key() -> str:
+    """A visitor's key: 128 random bits, URL-safe (the app keeps it in the page's link)."""
+    return secrets.token_urlsafe(16)
+
+
+def visitor_key_problem(key: object) -> str | None:
+    """Why `key` is not a visitor's key (a link's parameter is anybody's text), or None."""
+    if isinstance(key, str) and VISITOR_KEY.fullmatch(key):
+        return None
+    return "a workspace key is 22 letters, digits, '-' and '_'"
+
+
+def visitor_workspace(key: str, root: str | Path | None = None, *, limits: VisitorLimits | None = None,
+                      read_only: bool | None = None) -> Workspace:
+    """The private workspace of the visitor holding `key`: <root>/visitors/<32 hex digits of its sha256>, created by
+    the first upload. The key is never a path: its hash names the folder."""
+    problem = visitor_key_problem(key)
+    if problem is not None:
+        raise ExplorerError(problem)
+    base = Path(root).expanduser() if root else default_root()
+    folder = base / VISITORS / hashlib.sha256(key.encode("ascii")).hexdigest()[:32]
+    return Workspace(folder, read_only=read_only, visitor_limits=limits or VisitorLimits.from_env())
+
+
+def mark_used(workspace: Workspace) -> None:
+    """Stamp a visitor's workspace as used now (its `.last-used` file), so that it is not expired while visited;
+    a workspace nothing was stored in yet has no folder, and gets none here."""
+    stamp = workspace.root / LAST_USED
+    try:
+        if workspace.root.is_dir() and time.time() - _mtime(stamp, 0.0) > 60:
+            stamp.touch()
+    except OSError:
+        pass  # a stamp that cannot be written only makes the workspace look older
+
+
+def _mtime(path: Path, missing: float) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return missing
+
+
+def expire_visitor_workspaces(root: str | Path | None = None, limits: VisitorLimits | None = None,
+                              now: float | None = None) -> str | None:
+    """Delete every visitor workspace unused for DRIFT_VISITOR_IDLE_DAYS (by its `.last-used` stamp, else the
+    folder's own time); one sentence saying how many and how much, None when none was."""
+    limits = limits or VisitorLimits.from_env()
+    folder = (Path(root).expanduser() if root else default_root()) / VISITORS
+    cutoff = (time.time() if now is None else now) - limits.idle_days * 86400
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return None
+    removed, size = 0, 0
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        if entry.name.startswith(".expired-"):  # an earlier deletion that was interrupted
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        if max(_mtime(entry / LAST_USED, 0.0), _mtime(entry, 0.0)) >= cutoff:
+            continue
+        used = disk_used(entry)
+        doomed = folder / f".expired-{entry.name}-{secrets.token_hex(4)}"
+        try:
+            os.rename(entry, doomed)  # out of reach at once: a visit meanwhile finds an empty workspace
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed, size = removed + 1, size + used
+    if not removed:
+        return None
+    return (f"Deleted {removed} visitor workspace{'s' if removed > 1 else ''} unused for "
+            f"{limits.idle_days} days or more ({size / _MB:.1f} MB) from {folder}.")
+
+
+def disk_used(folder: Path) -> int:
+    """Bytes in the regular files under `folder` (symbolic links are not followed)."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not path.is_symlink() and path.is_file():
+            total += info.st_size
+    return total
+
+
+def check_room(folder: Path, adding: int, what: str, limits: VisitorLimits | None) -> None:
+    """Refuse to store `adding` bytes more in the visitor workspace `folder` when that would pass its cap or leave
+    the disk with less than DRIFT_VISITOR_MIN_FREE_MB; one sentence naming the files. The operator's workspace
+    (limits None) is not bounded here."""
+    if limits is None:
+        return
+    used = disk_used(folder) if folder.is_dir() else 0
+    if used + adding > limits.max_mb * _MB:
+        raise UploadError(f"{what} ({adding / _MB:.1f} MB) was not stored: your workspace holds {used / _MB:.1f} MB "
+                          f"of the {limits.max_mb} MB each visitor's uploads and traces may take "
+                          "(DRIFT_VISITOR_MAX_MB); remove an upload or a trace first")
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free - adding < limits.min_free_mb * _MB:
+        raise UploadError(f"{what} ({adding / _MB:.1f} MB) was not stored: the server's disk has "
+                          f"{free / _MB:.0f} MB free, and keeps {limits.min_free_mb} MB free "
+                          "(DRIFT_VISITOR_MIN_FREE_MB)")
 
 
 def _shared_tokenizer(sha256: str, load: Callable[[], Any]) -> Any:

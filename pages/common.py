@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import streamlit as st
@@ -36,6 +37,15 @@ from engine.scenario import load_scenario
 from engine.serving.rendering import cell_model
 from engine.simulate import Boundary, CellResult
 from engine.types import Cause, Location
+from engine.workspace import (
+    Workspace,
+    default_root,
+    expire_visitor_workspaces,
+    mark_used,
+    new_visitor_key,
+    visitor_key_problem,
+    visitor_workspace,
+)
 
 STATUS_COLOURS = {"holds": "#dafbe1", "breaks": "#ffebe9", "error": "#fff8c5", "unavailable": "#eaeef2"}
 LEGEND = ("✓ holds: the previous prompt + completion is a prefix of the next prompt · "
@@ -117,6 +127,11 @@ def cause_card(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict],
         show_cause(cell.cause, model, apply_fix, key)
 
 
+# What the two sides of an edit are, by the cause's stage.
+EDIT_SIDES = {"parser": ("engine was given", "engine returned"), "proxy": ("the client sent", "the proxy forwarded"),
+              "cache": ("the previous sequence", "what the cache keeps")}
+
+
 def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], None] | None, key: str) -> None:
     """The cause card of a matrix cell or of a replayed trace step."""
     with st.container(border=True):
@@ -127,16 +142,26 @@ def show_cause(cause: Cause, model: LoadedModel, apply_fix: Callable[[dict], Non
         st.text(cause.changed)  # the model's text and the template's: shown as text, never as Markdown
         if cause.line_text:
             st.code(cause.line_text, language=None)
-        if cause.stage == "template":
+        if cause.stage in ("template", "runtime"):
             _template_lines(model, cause.location)  # the construct's lines, highlighted
             for emitted in cause.locations[1:]:
                 st.text(f"Emitted at {emitted}:")
                 st.code(emitted.text, language=None)
-        elif cause.edit is not None:
+        if cause.contrast is not None:  # a runtime cause: the construct rendered alone under both runtimes
+            contrast = cause.contrast
+            st.text(f"Rendered alone with the same inputs: {contrast.construct}")
+            st.code(contrast.inputs, language="json")
             cols = st.columns(2)
-            cols[0].caption("engine was given")
+            cols[0].caption(contrast.reference)
+            cols[0].code(visible(contrast.reference_output) or "(empty)", language=None)
+            cols[1].caption(contrast.runtime)
+            cols[1].code(visible(contrast.runtime_output) or "(empty)", language=None)
+        elif cause.edit is not None and cause.stage != "template":
+            before, after = EDIT_SIDES.get(cause.stage, EDIT_SIDES["parser"])
+            cols = st.columns(2)
+            cols[0].caption(before)
             cols[0].code(visible(cause.edit.before) or "(empty)", language=None)
-            cols[1].caption("engine returned")
+            cols[1].caption(after)
             cols[1].code(visible(cause.edit.after) or "(empty)", language=None)
         st.caption(plain(f"Proof: {cause.proof}"))
         if cause.fix:
@@ -205,6 +230,8 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
                + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.kwargs.items())) or "none"))
     if cell.renderer:
         st.caption(plain(f"Rendered by {cell.renderer}; request side: {cell.request_side}."))
+    if cell.layers:
+        st.caption(plain("Layers passed, client side first: " + " → ".join(cell.layers) + "."))
     if cell.status == "error":
         error_card(cell, model)
     elif cell.status == "unavailable":
@@ -230,7 +257,7 @@ def show_cell(cell: CellResult, model: LoadedModel, apply_fix: Callable[[dict], 
 
 
 def export_buttons(cell: CellResult, model: LoadedModel, key: str, upload: dict | None = None) -> None:
-    stem = f"{cell.model}_{cell.scenario}_{engine_spec(cell)}".replace("@", "-").replace("/", "-")
+    stem = re.sub(r"[^A-Za-z0-9._+-]", "-", f"{cell.model}_{cell.scenario}_{engine_spec(cell)}")
     cols = st.columns(3)
     try:
         evidence = json.dumps(cell_evidence(cell, model, upload=upload), ensure_ascii=False, indent=2)
@@ -287,24 +314,73 @@ def user_kwargs(model: LoadedModel) -> dict[str, Any]:
     return out
 
 
-def workspace_root() -> str:
-    """The uploads folder: the operator's setting ($DRIFT_WORKSPACE or the default), never a visitor's."""
-    from engine.workspace import default_root
+# The link's parameter that holds this visitor's workspace key (engine.workspace.visitor_workspace).
+WORKSPACE_PARAM = "workspace"
 
-    return str(default_root())
+
+class CustomColumn(NamedTuple):
+    """An upload shown as a matrix column: its label, base model, and the workspace folder that holds it (this
+    visitor's own, or the operator's shared one)."""
+
+    label: str
+    base_model: str
+    workspace_root: str
+
+
+def visitor_key() -> str:
+    """This browser session's workspace key: the link's `workspace` parameter when it is one, else the session's, else
+    a new one; written back into the link on every run (a page switch drops the link's parameters), so that a reload
+    or a copied link opens the same uploads and traces."""
+    param = st.query_params.get(WORKSPACE_PARAM)
+    key = st.session_state.get("visitor_key")
+    if param is not None and param != key:
+        problem = visitor_key_problem(param)
+        if problem is None:
+            key = param
+        elif key is None:
+            st.warning(plain(f"The link's workspace key was not used ({problem}); this page has a new workspace of "
+                             "its own."))
+    if key is None:
+        key = new_visitor_key()
+    st.session_state.visitor_key = key
+    if st.query_params.get(WORKSPACE_PARAM) != key:
+        st.query_params[WORKSPACE_PARAM] = key
+    return key
+
+
+def own_workspace() -> Workspace:
+    """This visitor's own workspace: what they upload and the traces they store, seen by nobody without their key."""
+    workspace = visitor_workspace(visitor_key(), default_root())
+    mark_used(workspace)
+    _housekeeping(str(default_root()))
+    return workspace
+
+
+def shared_workspace() -> Workspace:
+    """The operator's workspace ($DRIFT_WORKSPACE, the CLI's): its uploads are every visitor's, read-only here."""
+    return Workspace(default_root(), read_only=True)
+
+
+@st.cache_resource(show_spinner=False, ttl=3600, max_entries=4)
+def _housekeeping(root: str) -> None:
+    """When the server starts and then at most once an hour: idle visitor workspaces are deleted, and the operator's
+    interrupted writes removed (not when it is read-only); said in the server's log."""
+    for done in (expire_visitor_workspaces(root), Workspace(root).tidy()):
+        if done:
+            logging.getLogger(__name__).warning(done)
 
 
 def init_custom_columns() -> None:
-    """Once per browser session, on whichever page opens first: every stored upload is a matrix column again
-    (after a refresh or a restart); the Custom page can hide one."""
+    """Once per browser session, on whichever page opens first: every upload of this visitor's workspace and of the
+    operator's shared one is a matrix column again (after a reload or a restart); the Custom page can hide one."""
     if "custom_columns" in st.session_state:
         return
-    st.session_state.custom_columns = {}
-    try:
-        from engine.workspace import Workspace
-
-        listing = Workspace(workspace_root()).list()
-    except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
-        st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
-        return
-    st.session_state.custom_columns = {u.id: (u.label, u.base_model) for u in listing.uploads}
+    columns: dict[str, CustomColumn] = {}
+    st.session_state.custom_columns = columns
+    for workspace in (shared_workspace(), own_workspace()):  # one's own upload wins over the same shared one
+        try:
+            listing = workspace.list()
+        except BaseException as err:  # noqa: BLE001 - an unreadable workspace must not take the page down
+            st.warning(plain(f"Stored uploads cannot be read: {describe_error(err)}"))
+            continue
+        columns.update({u.id: CustomColumn(u.label, u.base_model, str(workspace.root)) for u in listing.uploads})

@@ -8,8 +8,16 @@ import streamlit as st
 
 from engine.models import default_model_ids, load_spec
 from engine.uploads import UploadLimits
-from engine.workspace import READ_ONLY_ENV, WORKSPACE_ENV, Upload, Workspace
-from pages.common import describe_error, init_custom_columns, plain, through_the_app
+from engine.workspace import READ_ONLY_ENV, WORKSPACE_ENV, Upload, Workspace, disk_used
+from pages.common import (
+    CustomColumn,
+    describe_error,
+    init_custom_columns,
+    own_workspace,
+    plain,
+    shared_workspace,
+    through_the_app,
+)
 
 
 def _megabytes(size: int) -> int:
@@ -17,15 +25,11 @@ def _megabytes(size: int) -> int:
     return max(1, math.ceil(size / (1024 * 1024)))
 
 
-def _workspace() -> Workspace:
-    """The folder is the operator's setting (DRIFT_WORKSPACE), never a visitor's."""
-    return Workspace()
-
-
-@st.cache_resource(show_spinner=False)
-def _tidied(root: str) -> str | None:
-    """Interrupted writes are removed once per server process; the sentence is shown from then on."""
-    return Workspace(root).tidy()
+def _tidied(workspace: Workspace) -> str | None:
+    """Interrupted writes in this visitor's workspace are removed once per browser session."""
+    if "custom:tidied" not in st.session_state:
+        st.session_state["custom:tidied"] = workspace.tidy()
+    return st.session_state["custom:tidied"]
 
 
 def _uploader() -> str:
@@ -69,7 +73,7 @@ def _upload_form(workspace: Workspace) -> None:
         except BaseException as err:  # noqa: BLE001 - every rejection is shown as its sentence; nothing else is lost
             st.error(plain(describe_error(err)))
             return
-    st.session_state.custom_columns[upload.id] = (upload.label, upload.base_model)
+    st.session_state.custom_columns[upload.id] = CustomColumn(upload.label, upload.base_model, str(workspace.root))
     # The listing's checkbox below would otherwise keep an earlier "hidden" choice for this very upload.
     st.session_state[f"show:{upload.id}"] = True
     st.success(plain(f"Stored as {upload.id[:12]} ({upload.model_id}); it is now a column next to "
@@ -82,13 +86,23 @@ def _describe(upload: Upload) -> str:
     return f"{upload.model_id} · {upload.id[:12]} · uploaded {upload.created}{who} · {files}"
 
 
-def _listing(workspace: Workspace) -> None:
+def _listing(workspace: Workspace, title: str, empty: str | None, caption: str = "",
+             listed: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The uploads of one workspace under `title`, each with its "show in matrix" box (and Remove where the workspace
+    is writable), but those already `listed` (the same files stored twice: one column); `empty`: what to say when it
+    holds none (None: show nothing then). Returns the ids listed, `listed` included."""
     try:
         listing = workspace.list()
     except BaseException as err:  # noqa: BLE001
         st.error(plain(f"The workspace cannot be read: {describe_error(err)}"))
-        return
-    uploads = listing.uploads
+        return listed
+    uploads = [u for u in listing.uploads if u.id not in listed]
+    listed = listed | {u.id for u in uploads}
+    if not uploads and empty is None:
+        return listed
+    st.subheader(title)
+    if caption:
+        st.caption(plain(caption))
     if listing.skipped:  # damaged or unfinished entries are reported, never fatal, and never one box each
         st.warning(plain(listing.skipped[0]) if len(listing.skipped) == 1 else
                    f"{len(listing.skipped)} problems in the workspace; the intact uploads are listed below.")
@@ -96,8 +110,9 @@ def _listing(workspace: Workspace) -> None:
             with st.expander("What was skipped"):
                 st.text("\n".join(listing.skipped[:200]))
     if not uploads:
-        st.info("No uploads yet.")
-        return
+        if empty:
+            st.info(empty)
+        return listed
     shown = st.session_state.custom_columns
     for upload in uploads:
         with st.container(border=True):
@@ -105,7 +120,7 @@ def _listing(workspace: Workspace) -> None:
             cols[0].markdown(plain(_describe(upload)))
             in_matrix = cols[1].checkbox("show in matrix", value=upload.id in shown, key=f"show:{upload.id}")
             if in_matrix:
-                shown[upload.id] = (upload.label, upload.base_model)
+                shown[upload.id] = CustomColumn(upload.label, upload.base_model, str(workspace.root))
             else:
                 shown.pop(upload.id, None)
             if not workspace.read_only and cols[2].button("Remove", key=f"remove:{upload.id}"):
@@ -115,26 +130,34 @@ def _listing(workspace: Workspace) -> None:
                     st.rerun()
                 except BaseException as err:  # noqa: BLE001 - a panic too
                     st.error(plain(describe_error(err)))
+    return listed
 
 
 def main() -> None:
     st.title("Custom templates")
     st.caption("Your template runs in a sandboxed worker process with time, output, recursion and memory limits. "
-               "Uploads are validated on every scenario, stored by content hash and kept across restarts; every "
-               "visitor of this server sees them.")
+               "Uploads are validated on every scenario, stored by content hash and kept across restarts.")
     # The matrix's columns are the stored uploads, whichever page this browser session opened first.
     init_custom_columns()
-    workspace = _workspace()
-    st.caption(plain(f"Workspace: {workspace.root} (the operator sets it with {WORKSPACE_ENV})."))
-    tidied = _tidied(str(workspace.root))
+    workspace = own_workspace()
+    limits = workspace.visitor_limits
+    assert limits is not None
+    used = disk_used(workspace.root) if workspace.root.is_dir() else 0
+    st.caption(f"Your uploads and traces are yours alone: they belong to this page's link (its `workspace` "
+               f"parameter), so a reload or the link bookmarked brings them back, and whoever you give the link to "
+               f"sees them; nobody else does. {used / 2**20:.2f} of {limits.max_mb} MB used; a workspace unused for "
+               f"{limits.idle_days} days is deleted.")
+    tidied = _tidied(workspace)
     if tidied:
         st.info(plain(tidied))
     if workspace.read_only:
-        st.info(f"This workspace is read-only ({READ_ONLY_ENV}): uploads and removal are turned off here.")
+        st.info(f"This server is read-only ({READ_ONLY_ENV}): uploads and removal are turned off here.")
     else:
         _upload_form(workspace)
-    st.subheader("Stored uploads")
-    _listing(workspace)
+    own = _listing(workspace, "Your uploads", "No uploads yet.")
+    _listing(shared_workspace(), "Shared by the operator", None,
+             f"Every visitor sees these, read-only: {shared_workspace().root} (the operator's workspace, "
+             f"{WORKSPACE_ENV}; python -m engine uses it).", own)
 
 
 through_the_app()

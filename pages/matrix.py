@@ -12,18 +12,19 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.errors import EngineSpecError
+from engine.errors import EngineSpecError, ExplorerError
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
 from engine.matrix import cell_label, matrix_json
-from engine.models import LoadedModel, default_model_ids, load_spec
+from engine.models import LoadedModel, default_model_ids, load_spec, preload_models
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
 from engine.serving.registry import engine_versions, list_engines
-from engine.serving.spec import EngineSpec, ParserPair
+from engine.serving.spec import EngineFlag, EngineSpec, ParserPair
 from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
 from pages.common import (
     LEGEND,
+    WORKSPACE_PARAM,
     cached_model,
     describe_error,
     init_custom_columns,
@@ -33,7 +34,7 @@ from pages.common import (
     status_style,
     through_the_app,
     user_kwargs,
-    workspace_root,
+    visitor_key,
 )
 
 # Fixed pixel widths keep every cell at a predictable place (the browser test clicks by position), and nine model
@@ -56,6 +57,7 @@ class Column:
     model_id: str
     upload_id: str | None = None
     help: str = ""
+    workspace_root: str = ""  # the folder of the upload's workspace (this visitor's, or the operator's shared one)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,15 @@ def _init_from_url() -> None:
             st.session_state[f"parsers:{name}"] = params[f"{name}_parsers"]
     if params.get("level") in ("token", "string"):
         st.session_state.level = params["level"]
+    runtimes = {value: label for label, value in RUNTIME_CHOICES.items() if value}
+    if params.get("runtime") in runtimes:
+        st.session_state["layer:runtime"] = runtimes[params["runtime"]]
+    if params.get("proxies"):
+        st.session_state["layer:proxies"] = [p for p in params["proxies"].split(",") if p in _proxy_choices()]
+    if params.get("strip_thinking_cache") == "1":
+        st.session_state["layer:strip_thinking_cache"] = True
+    if params.get("default_kwargs"):
+        st.session_state["layer:default_kwargs"] = params["default_kwargs"][:500]
     for problem in _kwargs_from_link(params.get("kwargs", "{}")):
         st.warning(plain(problem))
     if params.get("model") and params.get("scenario") and params.get("cell_engine"):
@@ -125,7 +136,6 @@ def _kwargs_from_link(text: str) -> list[str]:
 
 def _link_cell_problem(selected: dict) -> str | None:
     """Why a link's selected cell cannot be opened (an unknown model, scenario, engine or upload), or None."""
-    from engine.errors import ExplorerError
     from engine.serving.registry import known_engine
 
     if selected["model"] not in default_model_ids():
@@ -144,16 +154,50 @@ def _link_cell_problem(selected: dict) -> str | None:
 
 def _engine_spec(name: str) -> EngineSpec | str:
     """The column the sidebar picks: raw, bridge, renderers, or vLLM / SGLang at the chosen release with the typed
-    parser pair; a pair that names none stays the text as typed, whose cells then say why."""
+    parser pair, with the layers the sidebar names around raw, vLLM and SGLang; a pair or a flag value that names
+    none stays the text as typed, whose cells then say why."""
     if name not in VERSIONS:
-        return EngineSpec.parse(name)
+        return _with_layers(EngineSpec.parse(name))
     release = EngineSpec.parse(name)
     version = st.session_state.get(f"ver:{name}", VERSIONS[name][0])
     pair = st.session_state.get(f"parsers:{name}", "").strip()  # "qwen3+hermes": the engine's own CLI names
     try:
-        return dataclasses.replace(release, version=version, parsers=ParserPair.parse(pair) if pair else None)
+        spec = dataclasses.replace(release, version=version, parsers=ParserPair.parse(pair) if pair else None)
     except EngineSpecError:
         return f"{name}@{version}/{pair}"
+    try:
+        return _with_layers(spec)
+    except EngineSpecError:  # the flag's value as typed: its cells say why
+        return f"{spec}[default-chat-template-kwargs={st.session_state.get('layer:default_kwargs', '').strip()}]"
+
+
+# The layers the sidebar offers (issue 27): a template runtime, proxies and client profiles, SGLang's and vLLM's
+# history-changing server flags.
+RUNTIME_CHOICES = {"transformers' Jinja": None, "MiniJinja": "minijinja", "@huggingface/jinja": "hfjs"}
+
+
+def _proxy_choices() -> list[str]:
+    from engine.serving.proxies import known_proxies
+    from engine.serving.proxies.litellm import STRIPPING
+
+    return [*known_proxies(), f"litellm@{STRIPPING}"]
+
+
+def _with_layers(spec: EngineSpec) -> EngineSpec:
+    """`spec` with the sidebar's layers, where the column takes them (raw, vLLM, SGLang); flags on vLLM and SGLang
+    only, each where that engine has it. A flag value that is not a JSON object raises EngineSpecError."""
+    if spec.kind not in ("raw", "vllm", "sglang"):
+        return spec
+    runtime = RUNTIME_CHOICES.get(st.session_state.get("layer:runtime", "transformers' Jinja"))
+    proxies = tuple(p for p in st.session_state.get("layer:proxies", []) if p in _proxy_choices())
+    flags: list[EngineFlag] = []
+    if spec.kind == "sglang" and st.session_state.get("layer:strip_thinking_cache"):
+        flags.append(EngineFlag("strip-thinking-cache"))
+    defaults = st.session_state.get("layer:default_kwargs", "").strip()
+    if spec.is_serving_engine and defaults:
+        flags.append(EngineFlag.parse(f"default-chat-template-kwargs={defaults}", kind=spec.kind, engine=str(spec)))
+    return dataclasses.replace(spec, runtime=runtime, proxies=proxies,
+                               flags=tuple(flags) if spec.is_serving_engine else ())
 
 
 def _apply_fix(fix: dict) -> None:
@@ -162,9 +206,14 @@ def _apply_fix(fix: dict) -> None:
     if fix.get("kind") == "kwarg" and selected:
         st.session_state[kwarg_state_key(selected["model"], fix["kwarg"])] = fix["value"]
     elif fix.get("kind") == "engine":
-        release = EngineSpec.parse(fix["engine"])  # a release of the cell's own engine (engine.blame)
-        st.session_state[f"ver:{release.kind}"] = release.version
+        release = EngineSpec.parse(fix["engine"])  # a release of the cell's own engine, or the column less a layer
+        if release.version is not None:
+            st.session_state[f"ver:{release.kind}"] = release.version
         st.session_state.engine_view = release.kind
+        if release.runtime is None:
+            st.session_state["layer:runtime"] = "transformers' Jinja"
+        st.session_state["layer:proxies"] = list(release.proxies)
+        st.session_state["layer:strip_thinking_cache"] = release.flag("strip-thinking-cache") is not None
         selected["engine"] = release
     elif fix.get("kind") == "bridge":
         st.session_state.engine_view = "bridge"
@@ -196,6 +245,21 @@ def _sidebar(models: list[str]) -> tuple[list[str], list[str], str]:
         sb.selectbox(f"{name} version", versions, key=f"ver:{name}")
         sb.text_input(f"{name} parsers", key=f"parsers:{name}", placeholder="the model's own",
                       help="reasoning+tool parser by the engine's CLI names, e.g. qwen3+hermes (- for none)")
+    with sb.expander("Layers between the model and the cache", expanded=bool(
+            st.session_state.get("layer:proxies") or st.session_state.get("layer:strip_thinking_cache")
+            or st.session_state.get("layer:default_kwargs") or
+            st.session_state.get("layer:runtime", "transformers' Jinja") != "transformers' Jinja")):
+        st.selectbox("Template runtime", list(RUNTIME_CHOICES), key="layer:runtime",
+                     help="who renders the model's template for raw, vLLM and SGLang: transformers' Jinja, MiniJinja "
+                          "(Rust servers and gateways) or @huggingface/jinja (transformers.js)")
+        st.multiselect("Proxy or client", _proxy_choices(), key="layer:proxies",
+                       help="between the client and the engine, client side first: LiteLLM's own hosted_vllm code "
+                            "(litellm@1.104.9 dropped reasoning_content) or a client profile (proxy_profiles/)")
+        st.checkbox("SGLang --strip-thinking-cache", key="layer:strip_thinking_cache",
+                    help="the cache keeps only the prompt of a reply that reasoned")
+        st.text_input("--default-chat-template-kwargs", key="layer:default_kwargs",
+                      placeholder='{"preserve_thinking": true}',
+                      help="the server's template kwargs (vLLM and SGLang), used where the request sets none")
     sb.radio("Level", ("token", "string"), key="level", horizontal=True)
     # The kwargs come before the long model and scenario pickers, so that they stay in view.
     sb.markdown("**Template kwargs**")
@@ -234,11 +298,11 @@ def _columns(models: list[str], loaded: dict[str, LoadedModel]) -> list[Column]:
         source = loaded[model_id].renderer.source_path
         columns.append(Column(f"{model_id}{mark}", model_id,
                               help=f"{spec.display_name} ({spec.hub_repo}): template {source}{toggled}"))
-        for upload_id, (label, base) in custom.items():
+        for upload_id, (label, base, root) in custom.items():
             if base == model_id:
                 columns.append(Column(f"{model_id}+{label}{mark}", model_id, upload_id,
                                       help=f"your upload {label} ({upload_id[:12]}) for {model_id}{toggled}; "
-                                           f"◆ where it differs from the stock {source}"))
+                                           f"◆ where it differs from the stock {source}", workspace_root=root))
     # Titles index the table: two equal ones would take the whole page down (labels are unique per base model, so
     # this is a guard for hand-edited stores).
     seen: set[str] = set()
@@ -260,7 +324,7 @@ def _run(column: Column, row: Row, kwargs: dict, *, explain: bool) -> CellResult
     re-runs, computed when the cell is opened or exported."""
     if column.upload_id is None:
         return run_cell(column.model_id, row.scenario, row.engine, kwargs, explain=explain)
-    return _custom_cell(column.upload_id, workspace_root(), row.scenario, str(row.engine),
+    return _custom_cell(column.upload_id, column.workspace_root, row.scenario, str(row.engine),
                         json.dumps(kwargs, sort_keys=True), explain)
 
 
@@ -296,6 +360,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     with st.spinner("Loading the real templates and tokenizers (first view only)…"):
+        preload_models(models)  # two at a time (a failure is said below, by the model it belongs to)
         loaded = {}
         for model_id in models:
             try:
@@ -424,10 +489,14 @@ def _detail(loaded: dict[str, LoadedModel]) -> None:
         upload = selected.get("upload")
         described = None
         if upload:
-            model = _custom_model(upload, workspace_root())
-            cell = _custom_cell(upload, workspace_root(), scenario, str(selected["engine"]),
+            column = st.session_state.custom_columns.get(upload)
+            if column is None:
+                raise ExplorerError(f"the upload {upload[:12]} is hidden on the Custom templates page, or was removed")
+            root = column.workspace_root
+            model = _custom_model(upload, root)
+            cell = _custom_cell(upload, root, scenario, str(selected["engine"]),
                                 json.dumps(user_kwargs(loaded[selected["model"]]), sort_keys=True))
-            described = upload_json(workspace_root(), upload)  # its evidence carries the template: it replays
+            described = upload_json(root, upload)  # its evidence carries the template: it replays
         else:
             cell = run_cell(model.id, scenario, selected["engine"], user_kwargs(model))
         show_cell(cell, model, _apply_fix, key="detail", upload=described)
@@ -560,11 +629,21 @@ def _write_url() -> None:
                 changed.setdefault(model_id, {})[kwarg.name] = value
     if changed:
         params["kwargs"] = json.dumps(changed, sort_keys=True)
+    runtime = RUNTIME_CHOICES.get(st.session_state.get("layer:runtime", "transformers' Jinja"))
+    if runtime:
+        params["runtime"] = runtime
+    if st.session_state.get("layer:proxies"):
+        params["proxies"] = ",".join(st.session_state["layer:proxies"])
+    if st.session_state.get("layer:strip_thinking_cache"):
+        params["strip_thinking_cache"] = "1"
+    if st.session_state.get("layer:default_kwargs", "").strip():
+        params["default_kwargs"] = st.session_state["layer:default_kwargs"].strip()
     selected = st.session_state.get("selected")
     if selected:
         params.update(model=selected["model"], scenario=selected["scenario"], cell_engine=str(selected["engine"]))
         if selected.get("upload"):
             params["upload"] = selected["upload"]
+    params[WORKSPACE_PARAM] = visitor_key()  # last: the link keeps this visitor's uploads (pages/common.py)
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
 

@@ -20,8 +20,18 @@ from engine.traces.evidence import step_view, trace_evidence, trace_markdown
 from engine.traces.readers import FORMATS
 from engine.traces.report import TraceReport, analyse_trace
 from engine.traces.store import StoredTrace, TraceLimits, TraceStore
-from engine.workspace import default_root
-from pages.common import cached_model, describe_error, show_break, show_cause, show_view, through_the_app
+from engine.workspace import READ_ONLY_ENV
+from pages.common import (
+    cached_model,
+    describe_error,
+    own_workspace,
+    plain,
+    shared_workspace,
+    show_break,
+    show_cause,
+    show_view,
+    through_the_app,
+)
 
 NO_REPLAY = "none (figures only)"
 EXAMPLE = """\
@@ -42,17 +52,19 @@ turns:
 """
 
 
-def _store() -> TraceStore:
-    return TraceStore(st.session_state.get("workspace_root", str(default_root())))
+def _own_store() -> TraceStore:
+    """This visitor's traces (their workspace, pages/common.py), under the cap their uploads share."""
+    workspace = own_workspace()
+    return TraceStore(workspace.root, visitor_limits=workspace.visitor_limits)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _analysed(path: str, sha256: str, name: str, model_id: str, engine: str | None, block_size: int) -> TraceReport:
     # Keyed by the stored file's hash: a trace never changes once stored.
     # Each break is replayed at once (cheap); its cause is attributed when it is opened (blame re-renders per
-    # candidate change, seconds on a long prompt).
+    # candidate change, seconds on a long prompt). Bad records are left out, as the upload said.
     return analyse_trace(path, cached_model(model_id), engine=engine, block_size=block_size, name=name,
-                         attribute=False)
+                         attribute=False, skip_bad_records=True)
 
 
 def _upload(store: TraceStore) -> None:
@@ -67,28 +79,47 @@ def _upload(store: TraceStore) -> None:
         try:
             stored = store.add(upload.name, upload.getvalue())
         except Exception as err:  # noqa: BLE001 - a refused file is one sentence; nothing stored is touched
-            st.error(describe_error(err))
+            st.error(plain(describe_error(err)))
             return
     st.session_state["traffic:trace"] = stored.id
-    st.success(f"Stored {stored.name} ({stored.format}, {stored.requests} requests, {stored.sessions} session(s)) as "
-               f"{stored.id} in {store.root}.")
+    st.session_state["traffic:pick"] = stored.id  # the picker shows the new trace (its own state would keep the last)
+    st.success(plain(f"Stored {stored.name} ({stored.format}, {stored.requests} requests, {stored.sessions} "
+                     f"session(s)) as {stored.id} in your workspace."))
 
 
-def _choose(store: TraceStore) -> StoredTrace | None:
+def _bad_records(trace: StoredTrace) -> None:
+    """The bad records the analysis leaves out: one sentence each for the first ones, then how many more."""
+    if not trace.skipped_count:
+        return
+    lines = [plain(sentence) for sentence in trace.skipped]
+    more = trace.skipped_count - len(trace.skipped)
+    if more:
+        lines.append(f"and {more} more bad record{'s' if more > 1 else ''}.")
+    records = f"{trace.skipped_count} bad record{'s' if trace.skipped_count > 1 else ''}"
+    kept = f"{trace.requests} request{'s are' if trace.requests > 1 else ' is'}"
+    st.warning(plain(f"{trace.name}: {records} left out; its other {kept} analysed below.")
+               + "\n\n" + "\n".join(f"- {line}" for line in lines))
+
+
+def _choose(store: TraceStore, shared: TraceStore) -> StoredTrace | None:
+    """This visitor's traces (they may remove one), then the operator's shared ones (read-only)."""
     traces, skipped = store.list()
     for problem in skipped:
-        st.warning(problem)
+        st.warning(plain(problem))
+    own = {t.id for t in traces}
+    traces += [t for t in shared.list()[0] if t.id not in own]  # the operator's problems are not the visitor's
     if not traces:
         st.info("No trace stored yet: upload one above, or try a sample from samples/traces/.")
         return None
     ids = [t.id for t in traces]
     current = st.session_state.get("traffic:trace")
     cols = st.columns([6, 1])
-    chosen = cols[0].selectbox("Trace", ids, index=ids.index(current) if current in ids else len(ids) - 1,
+    chosen = cols[0].selectbox("Trace", ids, index=ids.index(current) if current in ids else max(0, len(own) - 1),
                                format_func=lambda i: next(f"{t.name} · {t.format} · {t.requests} requests · {t.id}"
+                                                          + ("" if i in own else " · shared by the operator")
                                                           for t in traces if t.id == i), key="traffic:pick")
     st.session_state["traffic:trace"] = chosen
-    if cols[1].button("Remove", key="traffic:remove"):
+    if chosen in own and not own_workspace().read_only and cols[1].button("Remove", key="traffic:remove"):
         store.remove(chosen)
         st.session_state.pop("traffic:trace", None)
         st.rerun()
@@ -241,9 +272,14 @@ def main() -> None:
     st.title("Your traffic")
     st.caption("Load what your server or agent logged: where the prefix cache broke, request by request, and why. "
                "Token ids are the ground truth; each break is replayed through the engine you name.")
-    store = _store()
-    _upload(store)
-    stored = _choose(store)
+    store = _own_store()
+    if own_workspace().read_only:
+        st.info(f"This server is read-only ({READ_ONLY_ENV}): storing a trace is turned off here.")
+    else:
+        _upload(store)
+    stored = _choose(store, TraceStore(shared_workspace().root))
+    if stored is not None:
+        _bad_records(stored)
     models = default_model_ids()
     cols = st.columns(3)
     model_id = cols[0].selectbox("Model that served it", models, index=models.index("qwen3.5"), key="traffic:model")
@@ -257,7 +293,7 @@ def main() -> None:
                 report = _analysed(str(stored.path), stored.sha256, stored.name, model_id, engine, block)
                 model = cached_model(model_id)
         except Exception as err:  # noqa: BLE001 - the page shows the sentence; the stored trace stays
-            st.error(f"{stored.name} cannot be analysed: {describe_error(err)}")
+            st.error(plain(f"{stored.name} cannot be analysed: {describe_error(err)}"))
         else:
             _report(report, model)
     replayed = EngineSpec.parse(engine) if engine else None  # the picker's choice: raw or an emulated release

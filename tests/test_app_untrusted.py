@@ -16,7 +16,7 @@ from test_untrusted import rank_table
 
 from engine.assets import resolve_asset
 from engine.models import load_model
-from engine.workspace import Workspace
+from engine.workspace import Workspace, new_visitor_key, visitor_workspace
 from pages.common import plain
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -94,21 +94,28 @@ def test_a_late_looping_template_is_refused_on_the_page(workspace, template, mon
 
 
 # 4: the workspace folder used to be a text field (a visitor could list /etc and write or delete there).
-def test_the_workspace_folder_is_the_operators_setting_and_can_be_read_only(workspace, template, monkeypatch):
+def test_uploads_go_to_the_visitors_own_workspace_and_the_operators_are_shared_read_only(workspace, template,
+                                                                                         monkeypatch):
+    shared_upload = workspace.add("qwen3.5", {"chat_template": ("shared.jinja", template + b"\n")}, "shared")
     at = _app("pages/custom_templates.py")
     assert [t.label for t in at.text_input] == ["Label (the matrix column is named model+label)"]
-    assert any(c.value == plain(f"Workspace: {workspace.root} (the operator sets it with DRIFT_WORKSPACE).")
-               for c in at.caption)
+    assert any(c.value == plain(f"Every visitor sees these, read-only: {workspace.root} (the operator's workspace, "
+                                "DRIFT_WORKSPACE; python -m engine uses it).") for c in at.caption)
     _upload(at, "mine.jinja", template, "mine")
-    listed = next(m.value for m in at.markdown if "qwen3.5+mine" in m.value)
-    upload = workspace.list().uploads[0]
-    assert listed == plain(f"qwen3.5+mine · {upload.id[:12]} · uploaded {upload.created} by an anonymous visitor · "
-                           "chat_template: mine.jinja")
+    own = visitor_workspace(at.query_params["workspace"], workspace.root)
+    upload = own.list().uploads[0]
+    listed = [m.value for m in at.markdown if "qwen3.5+" in m.value]
+    assert listed == [plain(f"qwen3.5+mine · {upload.id[:12]} · uploaded {upload.created} by an anonymous visitor · "
+                            "chat_template: mine.jinja"),
+                      plain(f"qwen3.5+shared · {shared_upload.id[:12]} · uploaded {shared_upload.created} · "
+                            "chat_template: shared.jinja")]
+    assert [u.id for u in workspace.list()] == [shared_upload.id]  # the operator's workspace is not written
+    assert [b.key for b in at.button if b.label == "Remove"] == [f"remove:{upload.id}"]  # one's own only
     monkeypatch.setenv("DRIFT_WORKSPACE_READONLY", "1")
     shared = _app("pages/custom_templates.py")
     assert not shared.get("file_uploader") and not [b for b in shared.button if b.label == "Remove"]
     assert any("read-only (DRIFT_WORKSPACE_READONLY)" in i.value for i in shared.info)
-    assert [c.label for c in shared.checkbox] == ["show in matrix"]
+    assert [c.label for c in shared.checkbox] == ["show in matrix"]  # the shared upload; not the other visitor's
 
 
 # 6 and 9: a crafted link used to crash the page (a string for a checkbox) or open any YAML file on disk.
@@ -159,20 +166,22 @@ def test_user_text_is_shown_as_text(workspace, template):
 
 # 13: junk used to be one warning box each; interrupted writes were never cleaned.
 def test_junk_is_one_box_and_interrupted_writes_are_removed_at_start(workspace, template):
-    kept = workspace.add("qwen3.5", {"chat_template": ("a.jinja", template)}, "kept")
+    key = new_visitor_key()
+    own = visitor_workspace(key, workspace.root)
+    kept = own.add("qwen3.5", {"chat_template": ("a.jinja", template)}, "kept")
     for n in range(2008):
-        (workspace.root / f"junk-{n}").write_text("x")
-    staging = workspace.root / ".tmp-0123456789abcdef-00000000"
+        (own.root / f"junk-{n}").write_text("x")
+    staging = own.root / ".tmp-0123456789abcdef-00000000"
     staging.mkdir()
     (staging / "part").write_bytes(b"x" * 1024)
     old = time.time() - 3600
     os.utime(staging, (old, old))
-    at = _app("pages/custom_templates.py")
+    at = _app("pages/custom_templates.py", workspace=key)
     assert [w.value for w in at.warning] == [plain(
-        f"2008 entries in {workspace.root} are not an upload folder and were skipped: junk-0, junk-1, junk-10, "
+        f"2008 entries in {own.root} are not an upload folder and were skipped: junk-0, junk-1, junk-10, "
         "junk-100, junk-1000, and 2003 more")]
     assert [i.value for i in at.info] == [plain(
-        f"Removed 1 interrupted upload or removal from {workspace.root} (0.0 MB): .tmp-0123456789abcdef-00000000.")]
+        f"Removed 1 interrupted upload or removal from {own.root} (0.0 MB): .tmp-0123456789abcdef-00000000.")]
     assert not staging.exists()
     assert any(kept.id[:12] in m.value for m in at.markdown)
 

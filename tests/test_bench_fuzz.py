@@ -20,6 +20,7 @@ from engine.models import default_model_ids, load_model, load_spec
 from engine.scenario import scenario_ids
 from engine.session import session_from_json, simulate_session
 from engine.simulate import run_cell_with
+from engine.watch.upstream import recorded_sessions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,7 +122,8 @@ def test_bad_input_is_one_sentence(argv: list[str], message: str, capsys) -> Non
 def test_bench_json_contract() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "engine", "bench", "--models", "qwen3.5", "--scenarios", "tool-call,no-tools-next-user",
-         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--json", "-"],
+         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--watch-sessions", "4",
+         "--json", "-"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)  # a bound, however loaded
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -170,6 +172,13 @@ def test_bench_json_contract() -> None:
     assert set(sessions["growth_exponent"]["qwen3.5"]) == {"wall", "render", "wall_without_render", "simulator",
                                                            "session_rss"}
     assert isinstance(sessions["growth_exponent"]["qwen3.5"]["wall"], float)
+    # The watch: every request sent straight and through it, the same bytes back, each one recorded and analysed.
+    watch, samples = data["watch"], recorded_sessions(ROOT / "samples" / "traces" / "openai.jsonl")
+    names = sorted(samples)
+    requests = {(n, r): len(samples[names[(n + r) % len(names)]]) for n in range(4) for r in range(watch["rounds"])}
+    assert watch["pairs"] == sum(v for (_, r), v in requests.items() if r > 0)  # round 0 warms up
+    assert watch["recorded"] == watch["analysed"] == sum(requests.values())
+    assert (watch["bodies_differ"], watch["statuses"], watch["dropped"]) == (0, ["200/200"], 0)
 
 
 def test_bench_long_session_calls_are_checked(capsys) -> None:

@@ -143,7 +143,7 @@ def test_a_shared_page_link_is_the_first_request_of_a_fresh_server(tmp_path) -> 
         navigation.get_by_text("Template zoo").wait_for(timeout=120_000)
         names = [link.inner_text().split("\n")[-1] for link in navigation.locator("a").all()]  # after its icon
         assert names == ["Drift matrix", "Custom templates", "Agent session", "Your traffic", "Template zoo"]
-        assert tab.url == f"{url}/zoo"
+        assert re.fullmatch(rf"{re.escape(url)}/zoo\?workspace=[A-Za-z0-9_-]{{22}}", tab.url)  # and a key of its own
         browser.close()
 
 
@@ -213,7 +213,8 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
         raise
     assert "loop.jinja" in page.get_by_text("(render time limit)").inner_text()
     page.screenshot(path=str(SHOTS / "custom-templates.png"), full_page=True)
-    page.goto(app_url)  # a fresh browser session: stored uploads are columns again, and the app still answers
+    key = _workspace_key(page)
+    page.goto(f"{app_url}/?workspace={key}")  # a new browser session on the same link: its uploads are columns again
     page.get_by_text("cells in").first.wait_for()
     with page.expect_download() as download:  # the grid is a canvas: read the custom column from the CSV export
         page.get_by_role("button", name="Matrix CSV").click()
@@ -225,6 +226,79 @@ def test_upload_a_template_and_a_hostile_one(page, app_url, tmp_path) -> None:
     # The stock template re-uploaded: every custom cell has the stock cell's figures and blames the same line.
     assert [r.split(",", 1)[1].replace(good.name, "Qwen-Qwen3.6-35B-A3B.jinja") for r in custom] == \
         [r.split(",", 1)[1] for r in stock]
+
+
+def _workspace_key(page) -> str:
+    """The workspace key the page's link holds (pages/common.py visitor_key writes it on every run)."""
+    page.wait_for_url(re.compile(r"[?&]workspace=[A-Za-z0-9_-]{22}"))
+    return re.search(r"[?&]workspace=([A-Za-z0-9_-]{22})", page.url).group(1)
+
+
+def test_one_visitors_template_and_trace_are_theirs_alone_and_a_reload_keeps_them(page, app_url, tmp_path) -> None:
+    from engine.models import load_model
+
+    template = tmp_path / "alone.jinja"
+    template.write_text("\n".join(load_model("qwen3.5").renderer.source_lines()) + "\n\n", encoding="utf-8")
+    trace = tmp_path / "bad-records.jsonl"  # two good requests and one bad record
+    trace.write_bytes((ROOT / "samples" / "traces" / "malformed" / "openai.jsonl").read_bytes())
+
+    page.goto(app_url)
+    page.get_by_role("link", name="Custom templates").click()
+    page.get_by_text("Upload and validate").wait_for()
+    key = _workspace_key(page)  # kept in the link across the sidebar's page switch
+    page.locator("input[type=file]").first.set_input_files(str(template))
+    page.get_by_text(template.name, exact=True).wait_for()
+    page.locator("[data-testid='stSelectbox']").filter(has_text="Output format").click()
+    page.get_by_role("option", name=re.compile("^qwen3.5 ")).click()
+    page.locator("[data-testid='stTextInput'] input").first.fill("alone")
+    page.get_by_role("button", name="Upload and validate").click()
+    page.get_by_text("it is now a column next to qwen3.5").wait_for()
+    page.get_by_role("link", name="Your traffic").click()
+    page.get_by_text("Load what your server").first.wait_for()
+    page.locator("input[type=file]").first.set_input_files(str(trace))
+    page.locator("[data-testid='stFileUploader']").first.get_by_text(trace.name).wait_for()
+    page.get_by_role("button", name="Store and analyse").click()
+    # The good records kept, the bad one named in one sentence.
+    warning = page.get_by_text(f"{trace.name}: 1 bad record left out; its other 2 requests are analysed below.")
+    warning.wait_for()
+    bad_line = page.get_by_text(f"{trace.name}: line 3: response.choices is empty or not a list")
+    bad_line.wait_for()
+    page.get_by_text("Session 1").first.wait_for()
+    assert _workspace_key(page) == key
+    warning.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "traffic-bad-records.png"))
+
+    # Another visitor (a browser of their own, no link): neither the upload nor the trace.
+    other = page.context.browser.new_context(viewport={"width": 1600, "height": 1200})
+    try:
+        stranger = other.new_page()
+        stranger.set_default_timeout(120_000)
+        stranger.goto(app_url)
+        stranger.get_by_role("link", name="Custom templates").click()
+        stranger.get_by_text("No uploads yet.").wait_for()
+        assert _workspace_key(stranger) != key
+        assert stranger.get_by_text("qwen3.5+alone").count() == 0
+        stranger.screenshot(path=str(SHOTS / "isolation-other-visitor.png"), full_page=True)
+        stranger.get_by_role("link", name="Your traffic").click()
+        stranger.get_by_text("No trace stored yet").wait_for()
+        assert stranger.get_by_text(trace.name).count() == 0
+    finally:
+        other.close()
+
+    # The owner reloads: both are still there, the upload a matrix column again.
+    page.reload()
+    page.get_by_text(f"{trace.name}: 1 bad record left out").wait_for()
+    assert _workspace_key(page) == key
+    page.get_by_role("link", name="Custom templates").click()
+    page.get_by_text("qwen3.5+alone").first.wait_for()
+    page.screenshot(path=str(SHOTS / "isolation-owner-reloaded.png"), full_page=True)
+    page.get_by_role("link", name="Drift matrix").click()
+    page.get_by_text("cells in").first.wait_for()
+    with page.expect_download() as download:  # the grid is a canvas: read the custom column from the CSV export
+        page.get_by_role("button", name="Matrix CSV").click()
+    rows = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
+    assert len([r for r in rows if r.startswith("qwen3.5+alone,")]) == len(
+        [r for r in rows if r.startswith("qwen3.5,")])
 
 
 def test_session_page_opens(page, app_url) -> None:
@@ -249,8 +323,8 @@ def test_side_by_side_at_1280_px_with_uploads_tooltip_and_error_cell(page, app_u
     from engine.models import load_model
     from engine.workspace import Workspace
 
-    workspace = Workspace(workspace_dir)  # with test_upload's qwen3.6+custom: three uploads, nine model columns
-    for base, label in (("qwen3.5", "mine"), ("glm-5.1", "fix")):
+    workspace = Workspace(workspace_dir)  # the operator's, shared: three uploads, nine model columns
+    for base, label in (("qwen3.6", "custom"), ("qwen3.5", "mine"), ("glm-5.1", "fix")):
         source = "\n".join(load_model(base).renderer.source_lines()) + "\n"
         workspace.add(base, {"chat_template": (f"{label}.jinja", source.encode())}, label)
     page.set_viewport_size({"width": 1280, "height": 1000})
@@ -308,7 +382,7 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     assert "(sglang-log, 11 requests, 5 session(s))" in stored.inner_text()
     page.get_by_role("combobox").nth(2).click()  # the engine that served it
     page.get_by_role("option", name="sglang@0.5.23").click()
-    page.get_by_text("Session 2 (prefix-2)").wait_for()
+    page.get_by_text("Session 2 (conversation-2)").wait_for()
     grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
     grid.scroll_into_view_if_needed()
     box = grid.bounding_box()

@@ -2,7 +2,7 @@
 exit code (README: 0 holds, 1 breaks / no longer matches, 2 bad input), never a traceback, well under 15 s.
 
 The trace reader (`python -m engine trace`) is fed every malformed sample of samples/traces/malformed/, /dev/zero
-and a missing file. EVERY_COMMAND holds malformed input for each of the twelve commands (`python -m engine --help`),
+and a missing file. EVERY_COMMAND holds malformed input for each of the thirteen commands (`python -m engine --help`),
 argparse's own refusals included.
 Each case runs `engine.cli.main` in this process (a process start per case would cost seconds); one case per
 command also runs as a real subprocess to prove what a shell sees.
@@ -306,7 +306,7 @@ NOT_A_VERSION = "is not a version as PyPI lists it (digits and dots, e.g. 0.10.0
 EVERY_COMMAND = [
     ("no-command", [], "the following arguments are required: command"),
     ("unknown-command", ["nosuch"], "argument command: invalid choice: 'nosuch' (choose from 'render', 'session', "
-     "'matrix', 'export', 'replay', 'check', 'zoo', 'parse', 'timeline', 'bench', 'fuzz', 'trace')"),
+     "'matrix', 'export', 'replay', 'check', 'zoo', 'parse', 'timeline', 'bench', 'fuzz', 'trace', 'watch')"),
     ("render-no-arguments", ["render"], "the following arguments are required: --model, --messages"),
     ("render-kwarg-type", ["render", "--model", "qwen3.5", "--messages", "{messages}", "--kwargs",
                            "enable_thinking=maybe"],
@@ -395,6 +395,22 @@ EVERY_COMMAND = [
     ("trace-engine", ["trace", "{text}", "--engine", "vllm@..%2f"],
      f"'vllm@..%2f' is not a release: '..%2f' {NOT_A_VERSION}"),
     ("trace-folder", ["trace", "/tmp"], "tmp cannot be read: Is a directory"),
+    ("watch-no-upstream", ["watch", "--model", "qwen3.5"], "the following arguments are required: --upstream"),
+    ("watch-upstream-no-scheme", ["watch", "--upstream", "localhost:8000/v1", "--model", "qwen3.5"],
+     "--upstream must be an http:// or https:// URL such as http://localhost:8000/v1, got 'localhost:8000/v1'"),
+    ("watch-upstream-port", ["watch", "--upstream", "http://localhost:99999/v1", "--model", "qwen3.5"],
+     "--upstream must be an http:// or https:// URL"),
+    ("watch-model", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "../x"], "unknown model '../x'"),
+    ("watch-engine", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--engine",
+                      "vllm@../x"], f"'vllm@..' is not a release: '..' {NOT_A_VERSION}"),
+    ("watch-port", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--port", "0"],
+     "watch: --port must be from 1 to 65535, got 0"),
+    ("watch-queue", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--queue", "0"],
+     "watch: --queue must be at least 1, got 0"),
+    ("watch-out-used", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--out",
+                        "{watched}"], "records.jsonl already holds a watched run: move it away, or name another --out"),
+    ("watch-out-file", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--out", "{text}"],
+     "cannot be made a folder"),
 ]
 
 
@@ -402,7 +418,14 @@ def _files(tmp_path: Path) -> dict[str, str]:
     return {"messages": _write(tmp_path, "m.json", GOOD_MESSAGES), "text": _write(tmp_path, "out.txt", "Hello."),
             "tools_binary": _write(tmp_path, "tools.json", b"\x89PNG\r\n\x00"),
             "tools_object": _write(tmp_path, "tools-object.json", '{"type": "function"}'),
-            "tools_deep": _write(tmp_path, "tools-deep.json", DEEP)}
+            "tools_deep": _write(tmp_path, "tools-deep.json", DEEP), "watched": _watched(tmp_path)}
+
+
+def _watched(tmp_path: Path) -> str:
+    folder = tmp_path / "watched"
+    folder.mkdir()
+    (folder / "records.jsonl").write_text('{"request": {}, "response": {}}\n', encoding="utf-8")
+    return str(folder)
 
 
 def test_every_command_is_in_the_table():
@@ -410,7 +433,7 @@ def test_every_command_is_in_the_table():
 
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     covered = {argv[0] for _, argv, _ in EVERY_COMMAND if argv and argv[0] in commands}
-    assert covered == set(commands) and len(commands) == 12
+    assert covered == set(commands) and len(commands) == 13
 
 
 @pytest.mark.parametrize("argv,expected", [c[1:] for c in EVERY_COMMAND], ids=[c[0] for c in EVERY_COMMAND])
@@ -433,7 +456,9 @@ def test_every_command_refuses_malformed_input_in_one_sentence(tmp_path, capsys,
     (["bench", "--engines", "vllm@../x"], "error: 'vllm@..' is not a release"),
     (["fuzz", "--model", "qwen3.5", "--engine", "raw", "--n", "0"], "error: fuzz: --n must be at least 1, got 0"),
     (["trace", "/dev/zero"], "error: zero: line 1 holds NUL bytes"),
-], ids=["render", "zoo", "parse", "export", "timeline", "bench", "fuzz", "trace"])
+    (["watch", "--upstream", "ftp://localhost/v1", "--model", "qwen3.5"],
+     "error: --upstream must be an http:// or https:// URL"),
+], ids=["render", "zoo", "parse", "export", "timeline", "bench", "fuzz", "trace", "watch"])
 def test_a_subprocess_of_each_other_command_gets_one_line_and_exit_2(argv, expected):
     done = subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

@@ -5,6 +5,9 @@ engine's own renderer moves, and the cells an engine release cannot serve."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from engine.models import model_ids
@@ -30,7 +33,9 @@ COLUMNS = {"vllm": "vllm@0.33.0", "sglang@0.5.23": "sglang@0.5.23", "sglang@0.5.
     ("sglang", "0.5.5.post3", "deepseek_v32", "unavailable"),
     ("sglang", "0.5.6", "deepseek_v32", "engine_encoder"),
     ("sglang", "0.5.23", "deepseek_v32", "engine_encoder"),
-    ("vllm", "0.33.0", "deepseek_v32", None),
+    ("vllm", "0.12.0", "deepseek_v32", "unavailable"),
+    ("vllm", "0.13.0", "deepseek_v32", "engine_encoder"),
+    ("vllm", "0.33.0", "deepseek_v32", "engine_encoder"),
     ("sglang", "0.5.23", "gpt_oss", None),
     ("vllm", "0.33.0", "", None),
     ("vllm", "0.19.1", "mistral3", "unavailable"),
@@ -76,6 +81,47 @@ def test_vllm_renders_deepseek_v4_with_its_bundled_encoder():
     assert (dropped.cause.kind, str(dropped.cause.location)) == ("reasoning-dropped",
                                                             "vllm/tokenizers/deepseek_v4_encoding.py:427-432")
     assert dropped.cause.fix.text == "set drop_thinking=false"
+
+
+def test_vllm_renders_deepseek_v3_2_through_its_deepseek_v32_tokenizer_mode():
+    """vLLM serves a DeepseekV32ForCausalLM checkpoint (no chat template) in its deepseek_v32 tokenizer mode: the
+    mode's renderer hands the conversation to the bundled V3.2 encoder, run in the release's worker."""
+    need("vllm@0.33.0", "vllm@0.16.0", "vllm@0.12.0")
+    cell = run_cell("deepseek-v3.2", "args-serialization", "vllm")
+    assert cell.renderer == "vllm 0.33.0 encoder (vllm/tokenizers/deepseek_v32_encoding.py)"
+    assert cell.request_side == ("vllm 0.33.0 real code (vllm/tokenizers/deepseek_v32.py:22-60 (tokenizer mode "
+                                 "deepseek_v32), vllm/renderers/deepseek_v32.py:35-60)")
+    assert cell.focus.next_prompt.source_path == "vllm/tokenizers/deepseek_v32_encoding.py"
+    # The encoder writes `</think>` alone in chat mode, in the generation prompt and in history alike: what breaks
+    # is vLLM's parser coercing the arguments by schema, not the Jinja port's `<think></think>` (lines 58-65).
+    assert (cell.focus.token_prefix.prev_len, cell.focus.token_prefix.common) == (1251, 1157)
+    assert (cell.cause.kind, str(cell.cause.location)) == ("args-type-coerced",
+                                                      "vllm/parser/engine/parser_engine.py:437-462")
+    assert run_cell("deepseek-v3.2", "tool-call", "vllm").status == "holds"
+    raw = run_cell("deepseek-v3.2", "tool-call", "raw")
+    assert (raw.status, raw.renderer) == ("breaks", "template deepseek-v3.2 (deepseek-ai-DeepSeek-V3.2.jinja: "
+                                                    "llama.cpp's Jinja port of DeepSeek's encoding_dsv32.py)")
+    # 0.16's renderer keeps its tokenizer behind a read-only property; before 0.13 there is no V3.2 renderer.
+    assert run_cell("deepseek-v3.2", "tool-call", "vllm@0.16.0").status == "holds"
+    old = run_cell("deepseek-v3.2", "tool-call", "vllm@0.12.0")
+    assert (old.status, old.note) == ("unavailable", (
+        "vllm@0.12.0 cannot serve deepseek-v3.2: it has no DeepSeek V3.2 renderer (its deepseek_v32 tokenizer mode, "
+        "vllm/tokenizers/deepseek_v32.py, arrived in 0.13.0) and the model ships no chat template."))
+
+
+def test_every_deepseek_v3_2_cell_says_which_encoder_rendered_it():
+    """In the default matrix (the snapshot test_snapshot.py keeps equal to `python -m engine matrix --json -`)."""
+    snapshot = json.loads((Path(__file__).parent / "snapshots" / "default_matrix.json").read_text(encoding="utf-8"))
+    renderers = {(c["engine"], c["renderer"]) for c in snapshot["cells"] if c["model"] == "deepseek-v3.2"
+                 and c["engine"] != "renderers"}
+    port = "template deepseek-v3.2 (deepseek-ai-DeepSeek-V3.2.jinja: llama.cpp's Jinja port of DeepSeek's " \
+           "encoding_dsv32.py)"
+    assert renderers == {("vllm", "vllm 0.33.0 encoder (vllm/tokenizers/deepseek_v32_encoding.py)"),
+                         ("sglang", "sglang 0.5.23 encoder (sglang/srt/entrypoints/openai/encoding_dsv32.py)"),
+                         ("raw", port), ("bridge", port)}
+    # The renderers column has no V3.2 renderer: unavailable, with its sentence.
+    assert {c["status"] for c in snapshot["cells"] if c["model"] == "deepseek-v3.2" and c["engine"] == "renderers"} \
+        == {"unavailable"}
 
 
 def test_vllm_renders_gpt_oss_through_harmony():

@@ -9,7 +9,13 @@ from engine.serving.spec import EngineSpec, ParserPair
 
 CANONICAL = ["vllm", "sglang", "raw", "bridge", "renderers", "renderers@0.1.12", "vllm@0.16.0", "sglang@0.5.12",
              "vllm@0.16.0/qwen3+hermes", "sglang@0.5.15/-+llama3", "vllm/qwen3+hermes", "real:vllm@0.33.0",
-             "real:sglang@0.5.23/qwen3+qwen3_coder", "vllm@0.11.0rc1", "vllm@1.0.post1"]
+             "real:sglang@0.5.23/qwen3+qwen3_coder", "vllm@0.11.0rc1", "vllm@1.0.post1",
+             # the layers (issue 27): a template runtime, proxies, server flags
+             "raw@minijinja", "raw@hfjs", "vllm+minijinja", "sglang@0.5.23+hfjs", "vllm+litellm",
+             "vllm+litellm@1.104.9", "raw+langchain-openai", "raw@minijinja+litellm",
+             "vllm@0.31.0/qwen3+hermes+minijinja+litellm", "sglang@0.5.23[strip-thinking-cache]",
+             'vllm@0.33.0[default-chat-template-kwargs={"preserve_thinking":true}]',
+             'real:sglang@0.5.23[default-chat-template-kwargs={"a":1},strip-thinking-cache]/qwen3+qwen3_coder+hfjs']
 
 
 @pytest.mark.parametrize("text", CANONICAL)
@@ -26,6 +32,47 @@ def test_the_fields_say_what_the_name_names() -> None:
         == [True, True, False, False, False]
     # An empty parser name is none, written as `-`.
     assert str(EngineSpec.parse("sglang@0.5.15/+llama3")) == "sglang@0.5.15/-+llama3"
+
+
+def test_the_layers_are_fields_of_the_spec() -> None:
+    spec = EngineSpec.parse('vllm@0.31.0[default-chat-template-kwargs={"b": [1, 2], "a": "x,y]"}]/qwen3+hermes'
+                            '+litellm@1.104.9+hfjs+langchain-openai')
+    assert (spec.release, spec.parsers, spec.runtime, spec.proxies) == (
+        "vllm@0.31.0", ParserPair("qwen3", "hermes"), "hfjs", ("litellm@1.104.9", "langchain-openai"))
+    # A flag's JSON value is kept compact with sorted keys; a comma or bracket inside a JSON string is its own.
+    assert [str(flag) for flag in spec.flags] == ['default-chat-template-kwargs={"a":"x,y]","b":[1,2]}']
+    assert spec.flag("default-chat-template-kwargs").json_value() == {"a": "x,y]", "b": [1, 2]}
+    assert str(spec) == ('vllm@0.31.0[default-chat-template-kwargs={"a":"x,y]","b":[1,2]}]/qwen3+hermes+hfjs'
+                         '+litellm@1.104.9+langchain-openai')
+    # raw's runtime is written raw@RUNTIME, however it was named.
+    assert EngineSpec.parse("raw+minijinja") == EngineSpec("raw", runtime="minijinja")
+    assert str(EngineSpec.parse("raw+litellm+minijinja")) == "raw@minijinja+litellm"
+    assert [EngineSpec.parse(t).has_layers for t in ("vllm", "raw@hfjs", "vllm+litellm", "sglang[strip-thinking-cache]")
+            ] == [False, True, True, True]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("bridge+minijinja", "bridge takes no layers"),
+    ("renderers+litellm", "renderers takes no layers"),
+    ("raw[strip-thinking-cache]", "server flags and a parser pair name a vLLM or SGLang release"),
+    ("vllm[strip-thinking-cache]", "strip-thinking-cache is a flag of sglang, not of vllm"),
+    ("sglang[no-such-flag]", "unknown server flag 'no-such-flag'; known: strip-thinking-cache"),
+    ("sglang[strip-thinking-cache=1]", "strip-thinking-cache takes no value"),
+    ("vllm[default-chat-template-kwargs]", "takes a JSON object after ="),
+    ("vllm[default-chat-template-kwargs=[1]]", "the value of default-chat-template-kwargs is not a JSON object"),
+    ("sglang[strip-thinking-cache,strip-thinking-cache]", "the flag strip-thinking-cache is named twice"),
+    ("vllm[strip-thinking-cache", "the server flags' [ is not closed"),
+    ("vllm[]", "[] names no server flag"),
+    ("vllm+minijinja+hfjs", "one template runtime per column"),
+    ("vllm+", "'' is not a layer"),
+    ("vllm+../x", "'../x' is not a layer"),
+    ("vllm+litellm@1.x", "'litellm@1.x' is not a layer"),
+])
+def test_a_malformed_layer_is_refused_in_one_sentence(text: str, message: str) -> None:
+    with pytest.raises(EngineSpecError) as raised:
+        EngineSpec.parse(text)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -192,8 +192,9 @@ ROWS = [
     ('minimax-m2.7', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'template scaffold-changed MiniMaxAI-MiniMax-M2.7.jinja:98'),
     ('minimax-m2.7', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'template scaffold-changed MiniMaxAI-MiniMax-M2.7.jinja:98'),
     ('deepseek-v3.2', 'tool-call', 'raw', 'breaks', 'template generation-prompt-differs deepseek-ai-DeepSeek-V3.2.jinja:132'),
-    ('deepseek-v3.2', 'tool-call', 'vllm@0.33.0', 'breaks', 'template generation-prompt-differs deepseek-ai-DeepSeek-V3.2.jinja:132'),
-    # SGLang renders V3.2 through its bundled encoding_dsv32.py, which writes `</think>` alone in chat mode both times
+    # vLLM (its deepseek_v32 tokenizer mode) and SGLang render V3.2 through their bundled V3.2 encoders, which write
+    # `</think>` alone in chat mode both times
+    ('deepseek-v3.2', 'tool-call', 'vllm@0.33.0', 'holds', None),
     ('deepseek-v3.2', 'tool-call', 'sglang@0.5.23', 'holds', None),
     ('deepseek-v3.2', 'tool-call', 'sglang@0.5.12', 'holds', None),
     ('llama-3.1', 'args-serialization', 'raw', 'breaks', 'template args-reserialised meta-llama-Llama-3.1-8B-Instruct.jinja:88'),

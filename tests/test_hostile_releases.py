@@ -40,7 +40,10 @@ HOSTILE_SPECS = [
     ("vllm@%2e%2e%2fx", "'vllm@%2e%2e%2fx' is not a release: '%2e%2e%2fx' " + NOT_A_VERSION.format(first="0.10.0")),
     ("vllm@..", "'vllm@..' is not a release: '..' " + NOT_A_VERSION.format(first="0.10.0")),
     ("real:vllm@../../x/-+-", "'vllm@..' is not a release: '..' " + NOT_A_VERSION.format(first="0.10.0")),
-    ("vllm@1.0+local", "'vllm@1.0+local' is not a release: '1.0+local' " + NOT_A_VERSION.format(first="0.10.0")),
+    # `+` after a release names a layer (issue 27): a local version is an unknown one
+    ("vllm@1.0+local", "unknown layer 'local' in engine 'vllm@1.0+local'; known: a template runtime (minijinja, hfjs) "
+                       "or a proxy (litellm, langchain-openai, reasoning-field; litellm@VERSION: another LiteLLM "
+                       "release); a release is named without a local version (+...)"),
     ("vllm@v0.33.0", "'vllm@v0.33.0' is not a release: 'v0.33.0' " + NOT_A_VERSION.format(first="0.10.0")),
     ("sglang@0.5.23\n", "'sglang@0.5.23\\n' is not a release: '0.5.23\\n' " + NOT_A_VERSION.format(first="0.5.1")),
 ]

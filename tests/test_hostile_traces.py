@@ -116,6 +116,32 @@ def test_a_verifiers_rollout_keeps_the_steps_before_its_bad_one():
     assert skipped == ["verifiers.jsonl: line 1, trajectory[1]: tokens.prompt_ids is not a list of token ids (got str)"]
 
 
+def test_a_verifiers_list_keeps_the_other_rollouts_and_the_steps_before_the_bad_one():
+    requests, skipped = lenient_read(SAMPLES / "malformed" / "verifiers.json")
+    assert [r.where for r in requests] == ["rollout [0], trajectory[0]", "rollout [0], trajectory[1]",
+                                           "rollout [1], trajectory[0]", "rollout [1], trajectory[1]",
+                                           "rollout [1], trajectory[2]", "rollout [2], trajectory[0]"]
+    assert skipped == ["verifiers.json: rollout [2], trajectory[1]: tokens.completion_ids is not a list of token ids "
+                       "(got NoneType)"]
+
+
+def test_a_verifiers_list_whose_first_rollout_outgrows_the_head_is_still_told(tmp_path):
+    """The format is told from the first MB: a list whose first rollout is longer is told by its keys."""
+    rollouts = json.loads((SAMPLES / "verifiers-results.json").read_text(encoding="utf-8"))
+    rollouts[0]["info"] = {"notes": "x" * (readers.HEAD_BYTES + 1000)}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(rollouts, indent=2), encoding="utf-8")
+    assert readers.detect_format("big.json", path.read_bytes()[:readers.HEAD_BYTES].decode()) == "verifiers-json"
+    assert [r.where for r in read_trace(path)][:2] == ["rollout [0], trajectory[0]", "rollout [0], trajectory[1]"]
+
+
+def test_a_verifiers_list_read_as_jsonl_says_which_format_reads_it():
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_trace(SAMPLES / "verifiers-results.json", "verifiers"))
+    assert str(caught.value) == ("verifiers-results.json: line 1: a JSON list, not one rollout a line: rollouts saved "
+                                 "as one JSON list are read as --format verifiers-json")
+
+
 def test_an_atif_document_keeps_the_requests_before_its_bad_step():
     requests, skipped = lenient_read(SAMPLES / "malformed" / "atif.json")
     assert [r.where for r in requests] == ["steps[2]"]

@@ -10,6 +10,7 @@ is on a condition (the request's bytes in the pipe, the process reaped), never a
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import struct
@@ -186,6 +187,46 @@ def test_a_hung_release_worker_is_a_cell_error_and_the_next_cell_holds(release, 
     again = run_cell()
     assert (again.status, again.note) == (good.status, good.note)
     assert worker.proc is not None and worker.proc.pid != hung
+
+
+@pytest.mark.real_engine
+@pytest.mark.slow
+def test_a_release_worker_hung_while_listing_its_parsers_is_one_sentence_and_the_next_request_a_fresh_one(
+        release, monkeypatch, tmp_path):
+    from engine.models import load_model
+    from engine.simulate import run_cell_with
+
+    engine, backend = release
+    # The release's parser names not yet listed (the engine cache keeps them once they are): the first request of
+    # this release asks its worker for them.
+    listed = tmp_path / "parsers.json"
+    monkeypatch.setattr(backend.RealEngine, "parser_names_path", property(lambda self: listed))
+    monkeypatch.setenv("DRIFT_ENGINE_LIST_TIMEOUT_S", "2")
+    worker = backend.worker_for(*SPEC)
+    hung = worker.proc.pid
+    stop(hung)
+    result = parse(engine)
+    assert result.error == "the sglang@0.5.23 worker did not list its parsers within 2 s"
+    assert (result.reasoning, result.content, result.tool_calls) == (None, None, ())
+    assert worker.proc is None  # killed, not left behind
+    with pytest.raises(ProcessLookupError):
+        os.kill(hung, 0)
+    assert not listed.exists()
+
+    # A cell whose release hangs there: the cell's one sentence, in place of its figures.
+    assert worker.ask({"op": "hello"}, CONDITION_TIMEOUT_S)["ok"]  # a fresh worker, stopped in turn
+    hung = worker.proc.pid
+    stop(hung)
+    cell = run_cell_with(load_model("qwen3.5"), "tool-call", "real:sglang@0.5.23", {})
+    assert (cell.status, cell.note) == (
+        "error", "sglang 0.5.23 (real code): the sglang@0.5.23 worker did not list its parsers within 2 s")
+    assert cell.boundaries == ()
+
+    monkeypatch.delenv("DRIFT_ENGINE_LIST_TIMEOUT_S")
+    assert answer(parse(engine)) == GOOD_ANSWER
+    assert worker.proc is not None and worker.proc.pid != hung
+    assert {"qwen3", "qwen3_coder"} <= set(json.loads(listed.read_text())["tool_parsers"]) | \
+        set(json.loads(listed.read_text())["reasoning_parsers"])
 
 
 # ---- the upload sandbox's render worker (engine/sandbox.py) ------------------------------------------------------

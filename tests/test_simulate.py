@@ -23,14 +23,14 @@ from engine.simulate import run_cell, run_cell_with
 @pytest.mark.parametrize("model_id", default_model_ids())
 @pytest.mark.parametrize("scenario_id", scenario_ids())
 def test_bridge_always_holds(model_id: str, scenario_id: str) -> None:
-    # The bridge never renders history, so it holds wherever the new messages render: in every default cell.
+    # The bridge never renders history, so it holds wherever the new messages render: in every default cell, or the
+    # cell is unavailable with its one sentence; never an error.
     cell = run_cell(model_id, scenario_id, "bridge")
-    if cell.status == "error":
-        # The template refuses the conversation itself (e.g. GPT-OSS on a reasoning-only truncated turn).
-        assert cell.note and "raised" in cell.note
-        return
-    if cell.status == "unavailable":  # the scenario varies reasoning a model writes none of (Qwen2.5, …)
-        assert load_spec(model_id).reasoning != "always" and "writes no reasoning here" in cell.note
+    if cell.status == "unavailable":
+        if "writes no reasoning here" in cell.note:  # the scenario varies reasoning a model writes none of (Qwen2.5)
+            assert load_spec(model_id).reasoning != "always"
+        else:  # the template refuses the new messages themselves
+            assert cell.note.startswith("the bridge cannot append the new messages (")
         return
     assert cell.status == "holds", cell.note
     assert all(b.string_prefix.holds for b in cell.boundaries)
@@ -53,6 +53,35 @@ def test_the_bridge_holds_where_the_template_cannot_render_the_history() -> None
     assert boundary.next_prompt.text[len(boundary.prev_text):] == (
         "<|end|><|start|>user<|message|>Please continue.<|end|><|start|>assistant")
     assert (boundary.reused_tokens, boundary.prefill_tokens) == (840, 10)
+
+
+def test_the_bridge_renders_after_another_synthetic_turn_where_the_template_refuses_the_calls() -> None:
+    # Llama 3.1's template takes one call a turn (line 71): the two results render after each call alone, alike.
+    llama = run_cell("llama-3.1", "parallel-tool-calls", "bridge")
+    assert run_cell("llama-3.1", "parallel-tool-calls", "raw").status == "error"
+    assert llama.status == "holds"
+    assert "; at request 2 its synthetic turn carries each call alone, the template refusing the turn's calls: " \
+           "meta-llama-Llama-3.1-8B-Instruct.jinja for model llama-3.1 raised at line 71: This model only supports " \
+           "single tool-calls at once!" in llama.note
+    (boundary,) = llama.boundaries
+    assert boundary.next_prompt.text[len(boundary.prev_text):] == (
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|><|start_header_id|>ipython<|end_header_id|>'
+        '\n\n"rain"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n')
+    # Mistral's template takes no user message right after calls (line 52): the user message follows a turn without
+    # calls (the truncated call's close written as the template writes it).
+    mistral = run_cell("mistral-small-3.2", "tool-call-truncated", "bridge")
+    assert mistral.status == "holds"
+    assert "its synthetic turn carries no calls, the template refusing the turn's calls: " in mistral.note
+    appended = mistral.boundaries[0].next_prompt.text[len(mistral.boundaries[0].prev_text):]
+    assert appended.startswith("</s>[AVAILABLE_TOOLS]") and appended.endswith("[INST]Please continue.[/INST]")
+
+
+def test_the_bridge_is_unavailable_where_the_template_refuses_the_new_messages() -> None:
+    # tool-call-id sends Kimi-style ids back; Mistral's template refuses them in the tool result itself (line 118).
+    cell = run_cell("mistral-small-3.2", "tool-call-id", "bridge")
+    assert (cell.status, cell.note) == ("unavailable", (
+        "the bridge cannot append the new messages (tool): Mistral-Small-3.2-24B-Instruct-2506.jinja for model "
+        "mistral-small-3.2 raised at line 118: Tool call IDs should be alphanumeric strings with length 9!"))
 
 
 def test_the_bridge_adds_what_the_engine_does_not_return_and_nothing_twice() -> None:

@@ -79,6 +79,7 @@ def qwen35_model():
 
 @pytest.mark.parametrize(("name", "expected"), [
     ("vllm-0.33.0.log", "vllm-log"), ("sglang-0.5.23.log", "sglang-log"), ("verifiers-results.jsonl", "verifiers"),
+    ("verifiers-results.json", "verifiers-json"),
     ("atif.json", "atif"), ("openai.jsonl", "openai-jsonl"), ("mini-swe-agent.traj.json", "mini-swe-agent"),
     ("swe-agent.traj", "swe-agent"),
 ])
@@ -87,10 +88,10 @@ def test_each_sample_is_detected(name: str, expected: str) -> None:
     assert detect_format(name, head) == expected
 
 
-def test_vllm_log_interleaved_sessions_by_prefix(qwen35_model) -> None:
+def test_vllm_log_interleaved_sessions_by_conversation(qwen35_model) -> None:
     report = analyse_trace(SAMPLES / "vllm-0.33.0.log", qwen35_model, engine="vllm@0.33.0", hints=False)
     assert report.format == "vllm-log"
-    assert [s.key for s in report.sessions] == [f"prefix-{n}" for n in range(1, 6)]
+    assert [s.key for s in report.sessions] == [f"conversation-{n}" for n in range(1, 6)]
     assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
     assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
     client = report.replays[(4, 2)]
@@ -114,6 +115,22 @@ def test_verifiers_sessions_by_trajectory_id(qwen35_model) -> None:
     assert len(report.sessions) == 5 and len(report.sessions[0].key) == 32
     assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
     assert causes(report) == {2: TEMPLATE_CAUSE, 3: VLLM_PARSER_CAUSE, 4: CLIENT_CAUSE, 5: TOKENIZER_CAUSE}
+
+
+def test_verifiers_rollouts_saved_as_one_json_list(qwen35_model, tmp_path: Path) -> None:
+    """The same rollouts as results.jsonl, saved with json.dump (one line, as a dataset's to_json(lines=False) too)
+    and indented: the same sessions, figures and causes."""
+    jsonl = analyse_trace(SAMPLES / "verifiers-results.jsonl", qwen35_model, engine="vllm@0.33.0", hints=False)
+    indented = tmp_path / "results.json"
+    indented.write_text(json.dumps(json.loads((SAMPLES / "verifiers-results.json").read_text(encoding="utf-8")),
+                                   indent=2), encoding="utf-8")
+    for path in (SAMPLES / "verifiers-results.json", indented):
+        report = analyse_trace(path, qwen35_model, engine="vllm@0.33.0", hints=False)
+        assert report.format == "verifiers-json"
+        assert [s.key for s in report.sessions] == [s.key for s in jsonl.sessions]
+        assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]
+        assert causes(report) == causes(jsonl)
+        assert report.sessions[1].steps[2].request.where == "rollout [1], trajectory[2]"
 
 
 def test_openai_jsonl_sessions_by_session_id(qwen35_model) -> None:
@@ -169,6 +186,8 @@ MALFORMED = {
                   "the list); SGLang logs whole id lists only at --log-requests-level 3",
     "verifiers.jsonl": "verifiers.jsonl: line 1, trajectory[1]: tokens.prompt_ids is not a list of token ids (got "
                        "str)",
+    "verifiers.json": "verifiers.json: rollout [2], trajectory[1]: tokens.completion_ids is not a list of token ids "
+                      "(got NoneType)",
     "atif.json": "atif.json: steps[3]: step_id=7 is not sequential; expected 4",
     "openai.jsonl": "openai.jsonl: line 3: response.choices is empty or not a list",
     "mini-swe-agent.traj.json": "mini-swe-agent.traj.json: messages[2]: a message needs a role",
@@ -189,7 +208,7 @@ def test_an_unknown_file_gets_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as caught:
         list(read_trace(path))
     assert str(caught.value) == ("notes.txt: line 1 is not any trace format read here (vllm-log, sglang-log, atif, "
-                                 "mini-swe-agent, swe-agent, verifiers, openai-jsonl): 'hello'")
+                                 "mini-swe-agent, swe-agent, verifiers, verifiers-json, openai-jsonl): 'hello'")
 
 
 def test_cli_json_shape() -> None:
@@ -242,3 +261,139 @@ def test_samples_of_one_prompt_are_separate_sessions(tmp_path: Path) -> None:
     report = analyse_trace(path)
     assert figures(report) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER] + \
         [[s[0]] for s in (HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER)]
+
+
+# ---- sessions by conversation -------------------------------------------------------------------------------------
+# The same traffic written in four forms: GLM-5.1's real template (which drops earlier reasoning at a new user turn:
+# a rewrite of the history right after the first prompt) and tokenizer, our scenarios through vllm@0.33.0's request
+# side and parsers, written as samples/traces/generate.py writes each form. tool-call and next-user-turn open alike
+# (the same system prompt and question: two samples of one prompt), and part at the model's first reply.
+GLM_TRAFFIC = (("tool-call", False), ("next-user-turn", False), ("no-tools-next-user", True),
+               ("args-serialization", True), ("client-drops-reasoning", True))
+
+
+def _generator():
+    sys.path.insert(0, str(SAMPLES))
+    import generate
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def glm_traffic(tmp_path_factory):
+    """{form: path} and, per conversation, the request of each form's own identity."""
+    import random
+    from dataclasses import replace
+
+    from engine.models import load_model
+    from engine.scenario import ScriptTurn, load_scenario
+
+    generate = _generator()
+    model = load_model("glm-5.1")
+    rng = random.Random(26)
+    conversations = []
+    for n, (scenario_id, own_ticket) in enumerate(GLM_TRAFFIC, start=1):
+        scenario = load_scenario(scenario_id)
+        scenario = generate.as_session(scenario, n) if own_ticket else replace(
+            scenario, turns=scenario.turns + (ScriptTurn("assistant", assistant=generate.CLOSING),))
+        requests = generate.run_session(model, scenario, "vllm@0.33.0", f"{scenario_id}-{n}")
+        for r in requests:
+            r.request_id = f"{rng.getrandbits(64):016x}"
+        conversations.append(requests)
+    out = tmp_path_factory.mktemp("glm-traffic")
+    paths = {"vllm-log": out / "vllm.log", "sglang-log": out / "sglang.log", "openai-jsonl": out / "openai.jsonl",
+             "verifiers-json": out / "results.json"}
+    generate.write_vllm(paths["vllm-log"], conversations, "zai-org/GLM-5.1")
+    generate.write_sglang(paths["sglang-log"], conversations, "zai-org/GLM-5.1", model)
+    generate.write_openai(paths["openai-jsonl"], conversations, "zai-org/GLM-5.1")
+    generate.write_verifiers(paths["verifiers-json"], conversations, "zai-org/GLM-5.1", as_list=True)
+    trajectory = {n: f"{random.Random(n).getrandbits(128):032x}" for n in range(len(conversations))}
+    identity = {}  # (form, request id as the report gives it) -> (conversation, request number)
+    for n, requests in enumerate(conversations):
+        for r in requests:
+            here = (n, r.number)
+            identity[("vllm-log", f"chatcmpl-{r.request_id}")] = here
+            identity[("openai-jsonl", f"chatcmpl-{r.request_id}")] = here
+            identity[("sglang-log", f"{r.session}-{r.number}")] = here
+            identity[("verifiers-json", f"{trajectory[n]}#{r.number - 1}")] = here
+    return paths, identity, conversations
+
+
+def test_one_session_per_conversation_in_every_form_and_each_rewrite_is_a_break_inside_it(glm_traffic) -> None:
+    """`python -m engine trace FILE --json -` on the vLLM log, the SGLang log, the OpenAI JSONL and the verifiers list
+    of the same traffic: the same sessions, each holding one conversation's requests in order, and the same breaks
+    (request, first differing token, reuse). The logs have no session ids: their sessions are found by messages."""
+    paths, identity, conversations = glm_traffic
+    truth = [[(n, r.number) for r in requests] for n, requests in enumerate(conversations)]
+    seen = {}
+    for form, path in paths.items():
+        done = subprocess.run([sys.executable, "-m", "engine", "trace", str(path), "--json", "-"], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        data = json.loads(done.stdout)
+        assert data["format"] == form
+        sessions = {tuple(identity[(form, r["request_id"])] for r in s["requests"]): [
+            (r["prompt_tokens"], r["reused_tokens"], r["breaks"], (r.get("first_break") or {}).get("token"))
+            for r in s["requests"]] for s in data["sessions"]}
+        assert sorted(sessions) == sorted(map(tuple, truth)), form
+        seen[form] = sessions
+    assert seen["vllm-log"] == seen["sglang-log"] == seen["openai-jsonl"] == seen["verifiers-json"]
+    # The breaks: GLM's template drops the earlier reasoning at each new user turn, right after the first prompt
+    # (next-user-turn and no-tools-next-user, their third and second request); vLLM's parser trims the parameter of
+    # args-serialization; the client drops the reasoning. tool-call holds.
+    figures = seen["vllm-log"]
+    breaks = {conversations[key[0][0]][0].session: [i for i, step in enumerate(steps, 1) if step[2]]
+              for key, steps in figures.items()}
+    assert breaks == {"tool-call-1": [], "next-user-turn-2": [3], "no-tools-next-user-3": [2],
+                      "args-serialization-4": [2], "client-drops-reasoning-5": [2]}
+    first_prompt = figures[tuple(truth[1])][0][0]
+    rewrite = figures[tuple(truth[1])][2]
+    assert rewrite[2] and first_prompt - 3 <= rewrite[3] < first_prompt  # early: inside the first prompt's turn
+
+
+def test_a_client_that_rewrites_the_history_stays_in_its_session(glm_traffic, tmp_path: Path) -> None:
+    """The client summarises a tool result before the next request: no longer a prefix as messages, but the request
+    holds the conversation's first request, so it stays in its session, where the replay names the rewrite."""
+    from dataclasses import replace
+
+    from engine.models import load_model
+    from engine.traces.pipeline import render_request, served_by, template_kwargs
+
+    generate = _generator()
+    _, _, conversations = glm_traffic
+    model = load_model("glm-5.1")
+    first, second, last = conversations[1]  # next-user-turn
+    messages = [dict(m) for m in last.messages]
+    tool = next(i for i, m in enumerate(messages) if m["role"] == "tool")
+    messages[tool]["content"] = "sunny"  # was "sunny, 21°C"
+    prompt, _, _ = render_request(model, served_by("vllm@0.33.0"), messages, last.tools, template_kwargs(model, {}))
+    rewritten = replace(last, messages=messages, prompt_text=prompt.text,
+                        prompt_ids=tuple(model.tokenizer.encode(prompt.text).ids))
+    path = tmp_path / "rewrite.log"
+    generate.write_vllm(path, [conversations[0], [first, second, rewritten]], "zai-org/GLM-5.1")
+    report = analyse_trace(path, model, engine="vllm@0.33.0", hints=False)
+    assert [[s.request.request_id for s in session.steps] for session in report.sessions] == [
+        [f"chatcmpl-{r.request_id}" for r in conversations[0]],
+        [f"chatcmpl-{r.request_id}" for r in (first, second, rewritten)]]
+    assert [s.breaks for s in report.sessions[1].steps] == [False, False, True]
+    replay = report.replays[(2, 3)]
+    assert not replay.reproduced and replay.detail.startswith("the client rewrote the history: message 3 of line ")
+
+
+def test_grouping_is_a_plain_function_over_the_records(glm_traffic, tmp_path: Path) -> None:
+    """engine.traces.grouping.group_sessions over the requests read from a file gives the report's sessions; the
+    vLLM log without its JSON bodies (no messages) is grouped by token prefix into the same sessions, where the
+    conversations do not open alike."""
+    from engine.traces.grouping import group_sessions
+
+    paths, _, _ = glm_traffic
+    keys = [key for key, _ in group_sessions(read_trace(paths["vllm-log"]))]
+    assert sorted(set(keys)) == [f"conversation-{n}" for n in range(1, 6)]
+    assert len(keys) == 11
+    sample = SAMPLES / "vllm-0.33.0.log"
+    without_bodies = tmp_path / "no-bodies.log"
+    without_bodies.write_text("".join(line for line in sample.read_text(encoding="utf-8").splitlines(keepends=True)
+                                      if " JSON body: " not in line), encoding="utf-8")
+    assert all(r.messages is None for r in read_trace(without_bodies))
+    by_tokens = analyse_trace(without_bodies)
+    assert [s.key for s in by_tokens.sessions] == [f"prefix-{n}" for n in range(1, 6)]
+    assert figures(by_tokens) == [HOLDS, REASONING_DROPPED, PARSER_VLLM, CLIENT, TOKENIZER]

@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 from engine.errors import ExplorerError
 from engine.models import default_model_ids
 from engine.traces.records import TraceFormatError
+from engine.traces.report import analyse_trace
 from engine.traces.store import TraceLimits, TraceStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,13 +32,43 @@ def test_store_keeps_a_trace_once_by_content(tmp_path: Path) -> None:
     assert store.list() == ([], [])
 
 
-def test_store_refuses_a_malformed_trace_and_leaves_nothing(tmp_path: Path) -> None:
+def test_store_keeps_the_good_records_of_a_trace_and_names_the_bad_one(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
-    with pytest.raises(TraceFormatError, match=r"^bad\.jsonl: line 3: response\.choices is empty or not a list$"):
-        store.add("bad.jsonl", (SAMPLES / "malformed" / "openai.jsonl").read_bytes())
+    data = (SAMPLES / "malformed" / "openai.jsonl").read_bytes()  # two good lines, then one without a choice
+    stored = store.add("bad.jsonl", data)
+    assert (stored.requests, stored.sessions, stored.skipped_count) == (2, 2, 1)
+    assert stored.skipped == ("bad.jsonl: line 3: response.choices is empty or not a list",)
+    assert stored.path.read_bytes() == data  # stored as uploaded: the analysis leaves the bad record out again
+    assert store.list()[0] == [stored]
+    report = analyse_trace(stored.path, None, name=stored.name, skip_bad_records=True)
+    assert (report.requests, report.skipped_count) == (2, 1)
+    assert report.skipped_sentence == ("bad.jsonl: line 3: response.choices is empty or not a list (that record was "
+                                       "skipped, the rest of the file was read)")
+
+
+def test_store_refuses_a_trace_without_a_good_record_and_leaves_nothing(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    bad = (SAMPLES / "malformed" / "openai.jsonl").read_bytes().splitlines(keepends=True)[2]
+    with pytest.raises(TraceFormatError) as caught:
+        store.add("bad.jsonl", bad)
+    assert str(caught.value) == ("bad.jsonl: line 1: response.choices is empty or not a list (that record was skipped, "
+                                 "no other record is a complete request)")
     assert list(store.root.iterdir()) == []
     with pytest.raises(TraceFormatError, match="larger than the 0 MB limit for traces"):
         TraceStore(tmp_path, TraceLimits(max_bytes=10)).add("big.log", b"x" * 11)
+
+
+def test_ten_thousand_bad_records_are_counted_not_kept(tmp_path: Path) -> None:
+    first, second = (SAMPLES / "openai.jsonl").read_bytes().splitlines(keepends=True)[:2]
+    stored = TraceStore(tmp_path).add("many.jsonl", first + b"{}\n" * 10_000 + second)
+    assert (stored.requests, stored.skipped_count) == (2, 10_000)
+    assert stored.skipped == tuple(f"many.jsonl: line {n}: each line needs a request object and a response object"
+                                   for n in range(2, 7))
+    report = analyse_trace(stored.path, None, name=stored.name, skip_bad_records=True)
+    assert (len(report.skipped), report.skipped_count, report.requests) == (100, 10_000, 2)
+    assert report.skipped_sentence == (
+        "many.jsonl: line 2: each line needs a request object and a response object (10000 bad records were skipped: "
+        "this one and line 3, line 4, line 5, line 6, …; the rest of the file was read)")
 
 
 def test_store_reports_an_interrupted_upload(tmp_path: Path) -> None:
@@ -90,3 +121,17 @@ def test_your_conversation_runs_as_a_matrix_row(traffic: AppTest) -> None:
     assert list(row.columns) == default_model_ids()
     assert row.loc["my-conversation", "qwen3.5"] == "✗ -85tok"
     assert row.loc["my-conversation", "deepseek-v4"] == "✓"
+
+
+def test_a_trace_with_bad_records_keeps_the_good_ones_and_names_the_first_five(traffic: AppTest) -> None:
+    first, second = (SAMPLES / "openai.jsonl").read_bytes().splitlines(keepends=True)[:2]
+    traffic.file_uploader(key="traffic:file").upload("many.jsonl", first + b"{}\n" * 10_000 + second,
+                                                     "application/octet-stream")
+    next(b for b in traffic.button if b.label == "Store and analyse").click().run()
+    assert not traffic.exception and not traffic.error, [e.value for e in [*traffic.exception, *traffic.error]]
+    assert [w.value for w in traffic.warning] == [
+        "many.jsonl: 10000 bad records left out; its other 2 requests are analysed below.\n\n"
+        + "\n".join(f"- many.jsonl: line {n}: each line needs a request object and a response object"
+                    for n in range(2, 7))
+        + "\n- and 9995 more bad records."]
+    assert list(traffic.dataframe(key="traffic:sessions").value["requests"]) == [1, 1]

@@ -161,16 +161,28 @@ class JinjaRenderer:
         self._incremental_built: IncrementalText | None = None  # built on the first plain render (50-200 ms)
         self._incremental_lock = threading.Lock()
         self._conversions = threading.local()  # _template_messages: the previous request's messages, per thread
-        overlay = reference.environment.overlay()
-        _remember_sandbox_verdicts(overlay)
-        overlay.code_generator_class = _ProvenanceCodeGenerator
+        self._reference_environment = reference.environment
         self._recorder = _Recorder()
         self._message_memo: dict[bytes, dict] = {}  # _template_messages: message pickle -> template's message
-        overlay.drift_record = self._record  # type: ignore[attr-defined]
-        self._template = overlay.from_string(source)
+        self._recording_built: jinja2.Template | None = None  # compiled when provenance is first read
+        self._recording_lock = threading.Lock()
         self._instrumented_template: InstrumentedTemplate | None = None
         self._counterfactual_context: tuple | None = None
         self._counterfactuals: OrderedDict = OrderedDict()
+
+    @property
+    def _recording(self) -> jinja2.Template:
+        """The template compiled to record which line printed each character (a third of a model's load time, and
+        only a cell's detail reads provenance)."""
+        if self._recording_built is None:
+            with self._recording_lock:
+                if self._recording_built is None:
+                    overlay = self._reference_environment.overlay()
+                    _remember_sandbox_verdicts(overlay)
+                    overlay.code_generator_class = _ProvenanceCodeGenerator
+                    overlay.drift_record = self._record  # type: ignore[attr-defined]
+                    self._recording_built = overlay.from_string(self._source)
+        return self._recording_built
 
     @property
     def _incremental(self) -> IncrementalText:
@@ -376,7 +388,7 @@ class JinjaRenderer:
         rec.message_ids = {id(m): i for i, m in enumerate(chat)}
 
         def run() -> None:
-            for _ in self._template.generate(messages=chat, **variables):
+            for _ in self._recording.generate(messages=chat, **variables):
                 pass
 
         self._guarded(run)

@@ -87,6 +87,9 @@ class EngineEmulation(ABC):
     # True for the real-engine backend (a release's own code): callers hand it the model's tokenizer, whose added
     # tokens reach the release's parsers, and the options only it reads (force_reasoning, trace).
     is_real_release = False
+    # Server flags the column starts the server with (`sglang@0.5.23[strip-thinking-cache]`), by their CLI names to
+    # their values; only the real backend runs them (engine.serving.registry.get_engine sets them on an instance).
+    server_flags: dict[str, Any] = {}
     # The package the cell's request_side names; None: this class's module. The pinned emulations set the path they
     # had before they moved to engine/serving/emulated, so the matrix JSON's text stays as it was (issue 25).
     request_side_package: str | None = None

@@ -58,6 +58,19 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
     """The engine object that serves `spec` (a vLLM or SGLang column); ValueError in one sentence for any other."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
+    if spec.runtime is not None or spec.proxies:  # the layers around the engine are the column's (serving.layers)
+        problem = proxy_problem(spec)
+        if problem is not None:
+            raise ValueError(problem)
+        return get_engine(replace(spec, runtime=None, proxies=()))
+    if spec.flags:
+        # A server flag is run through the release's own code, where it is implemented (its real twin for a pinned
+        # release).
+        engine = get_engine(replace(spec, flags=()))
+        flagged = engine if engine.is_real_release else real_twin(engine)
+        flagged.server_flags = {flag.name: flag.json_value() if flag.value is not None else True
+                                for flag in spec.flags}
+        return flagged
     if spec.parsers is not None:
         pair = spec.parsers
         engine = for_parsers(get_engine(replace(spec, parsers=None)), pair.reasoning_parser, pair.tool_call_parser)
@@ -146,6 +159,22 @@ def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
         return twin, parse(twin)
 
 
+def proxy_problem(spec: EngineSpec) -> str | None:
+    """The sentence for a proxy the column names that is none (litellm, litellm@VERSION, a profile), else None."""
+    if not spec.proxies:
+        return None
+    from engine.serving.proxies import known_proxies
+
+    known = known_proxies()
+    unknown = [name for name in spec.proxies if name.partition("@")[0] not in known or
+               ("@" in name and name.partition("@")[0] != "litellm")]
+    if not unknown:
+        return None
+    return (f"unknown layer {unknown[0][:40]!r} in engine {str(spec)[:80]!r}; known: a template runtime (minijinja, "
+            f"hfjs) or a proxy ({', '.join(known)}; litellm@VERSION: another LiteLLM release); a release is named "
+            "without a local version (+...)")
+
+
 def known_engine(text: object) -> EngineSpec:
     """An engine argument from outside (the CLI, a link, evidence) parsed once and checked against the engines there
     are: raw, bridge, renderers, an emulation or one of its versions, a vLLM / SGLang release on PyPI (with a parser
@@ -157,7 +186,11 @@ def known_engine(text: object) -> EngineSpec:
         raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or "
                             f"one of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on "
                             "PyPI") from None
-    if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.release not in EMULATIONS | NEWEST):
+    problem = proxy_problem(spec)  # before the release: a name is data, a release may be a question to PyPI
+    if problem is not None:
+        raise ExplorerError(problem)
+    if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.flags or
+                                   spec.release not in EMULATIONS | NEWEST):
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
         try:
             get_engine(spec)

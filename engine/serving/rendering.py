@@ -3,12 +3,12 @@
 An engine column promises "what this engine at this version does to this model's conversation". Most models are
 rendered from their Hub Jinja template (through transformers, with the engine's own handling of the messages and
 of `chat_template_kwargs`), but some engines bypass the template for some model types: vLLM renders gpt-oss through
-openai-harmony and DeepSeek V4 through the encoder it bundles; SGLang renders DeepSeek V4 through its own copy of
-the encoder (0.5.12 … 0.5.22) or the deepseek-recipe package (0.5.23), and DeepSeek V3.2 through its bundled V3.2
-encoder; vLLM before 0.20 cannot parse Mistral 3's calls without a tokenizer that is not here (its MistralTokenizer,
-from tekken.json). `RULES` is that table, keyed by the engine's name, a release range and the model's `model_type`
-(config.json's, which is what the engines key on); the first row that matches wins, and a model no row names is
-rendered from its Hub template.
+openai-harmony and DeepSeek V4 and V3.2 through the encoders it bundles (its deepseek_v4 and deepseek_v32 tokenizer
+modes); SGLang renders DeepSeek V4 through its own copy of the encoder (0.5.12 … 0.5.22) or the deepseek-recipe
+package (0.5.23), and DeepSeek V3.2 through its bundled V3.2 encoder; vLLM before 0.20 cannot parse Mistral 3's
+calls without a tokenizer that is not here (its MistralTokenizer, from tekken.json). `RULES` is that table, keyed by
+the engine's name, a release range and the model's `model_type` (config.json's, which is what the engines key on);
+the first row that matches wins, and a model no row names is rendered from its Hub template.
 
     served_model(load_model("gpt-oss"), get_engine("vllm"))   # -> the same model rendered through openai-harmony
 
@@ -74,6 +74,15 @@ RULES: tuple[ServingRule, ...] = (
     ServingRule("sglang", "deepseek_v32", "engine_encoder", "sglang/srt/entrypoints/openai/chat_encoding.py:36 "
                 "(dsv32), serving_chat.py:2075-2116", first="0.5.16",
                 encoder="sglang/srt/entrypoints/openai/encoding_dsv32.py"),
+    ServingRule("vllm", "deepseek_v32", "unavailable", "", before="0.13.0",
+                missing="has no DeepSeek V3.2 renderer (its deepseek_v32 tokenizer mode, "
+                        "vllm/tokenizers/deepseek_v32.py, arrived in 0.13.0) and the model ships no chat template"),
+    # The deepseek_v32 tokenizer mode: --tokenizer-mode deepseek_v32, the default for a DeepseekV32ForCausalLM
+    # checkpoint from 0.18.0 (vllm/config/model.py); its renderer hands the conversation to the wrapped tokenizer's
+    # apply_chat_template, which calls the bundled encoder.
+    ServingRule("vllm", "deepseek_v32", "engine_encoder", "vllm/tokenizers/deepseek_v32.py:22-60 (tokenizer mode "
+                "deepseek_v32), vllm/renderers/deepseek_v32.py:35-60", first="0.13.0",
+                encoder="vllm/tokenizers/deepseek_v32_encoding.py"),
     ServingRule("vllm", "gpt_oss", "unavailable", "", before="0.10.1",
                 missing="predates gpt-oss: it has no harmony renderer (vLLM renders gpt-oss through openai-harmony "
                         "from 0.10.1)"),
@@ -108,7 +117,7 @@ RULES: tuple[ServingRule, ...] = (
 
 # The worker's name for each bundled encoder (engine/serving/real/glue_*.py ENCODERS).
 ENCODER_RENDERERS = {"encoding_dsv4.py": "deepseek_v4", "deepseek_v4_encoding.py": "deepseek_v4",
-                     "encoding_dsv32.py": "deepseek_v32"}
+                     "encoding_dsv32.py": "deepseek_v32", "deepseek_v32_encoding.py": "deepseek_v32"}
 
 
 def serving_rule(engine: str, version: str, model_type: str) -> ServingRule | None:
@@ -132,6 +141,11 @@ class ServingPath:
 
 def serving_path(model: LoadedModel, emulation: EngineEmulation | None, column: EngineSpec) -> ServingPath:
     origin, source = model.renderer.origin, model.renderer.source_path
+    template = model.spec.assets.get("chat_template")
+    if model.served_from is None and template is not None and Path(template.path or "").name == source:
+        # The manifest's template standing in for the model's own encoder (DeepSeek V3.2): said which it ports.
+        port_of = model.spec.asset_extras.get("chat_template", {}).get("port_of")
+        source = f"{source}: {port_of}" if port_of else source
     renderer = source if source.startswith(origin) else f"{origin} ({source})"
     if emulation is None:
         side = "none: the client's messages as sent" if column.kind == "raw" else \
@@ -270,6 +284,9 @@ class EngineEncoderRenderer:
                kwargs: dict | None = None) -> Rendered:
         job = self._job(messages, tools, kwargs)
         reply = self.real.render_request(job)
+        if "unsupported" in reply:  # a release whose request side the worker's glue does not drive
+            raise RenderError(f"{self.model.id}: {self.source_path} of {self.engine} {self.version} is not run here: "
+                              f"{reply['unsupported']}", model=self.model.id, path=self.source_path)
         text = reply["prompt"]
 
         def provenance() -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -7,10 +7,14 @@
   (sglang/srt/utils/request_logger.py: request.received, request.received.openai, request.finished; log_json).
 - `verifiers`: results.jsonl rollouts with the `trajectory` column (verifiers 0.1.8+ TrajectoryStep /
   TrajectoryStepTokens: tokens.prompt_ids, tokens.completion_ids), as prime-rl reads them.
+- `verifiers-json`: the same rollouts saved as one JSON list (`json.dump(rollouts)`, a dataset's
+  `to_json(lines=False)`), read whole.
 - `atif`: an ATIF v1.4+ trajectory (the atif 1.8.0 package's schema: steps[].metrics.prompt_token_ids,
   completion_token_ids, cached_tokens).
 - `openai-jsonl`: one {"request", "response"} object a line (chat completions; vLLM's prompt_token_ids and
-  choices[].token_ids when the request sets return_token_ids).
+  choices[].token_ids when the request sets return_token_ids). `python -m engine watch` writes it, with a "watch"
+  object a line (engine/watch/record.py); an exchange it marks incomplete is kept in the file and not read as a
+  request.
 - `mini-swe-agent`: a trajectory_format "mini-swe-agent-1.x" file (mini-swe-agent 2.4.6 DefaultAgent.serialize).
 - `swe-agent`: a SWE-agent 1.x .traj (DefaultAgent.get_trajectory_data: trajectory, history, info).
 
@@ -74,12 +78,17 @@ def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
+# One int object per distinct token id: a JSON parser makes a new one (28 bytes) for every id it reads, and the
+# sequences a long analysis keeps would hold millions; shared, each id costs the tuple's 8-byte slot.
+_ID_OBJECTS: dict[int, int] = {}
+
+
 def _ids(value: Any, name: str, where: str, field: str, hint: str = "") -> tuple[int, ...]:
     if isinstance(value, list) and "..." in value:
         raise _fail(name, where, f"{field} was cut short (a \"...\" in the list){hint}")
     if not _int_list(value):
         raise _fail(name, where, f"{field} is not a list of token ids (got {type(value).__name__})")
-    return tuple(value)
+    return tuple(map(_ID_OBJECTS.setdefault, value, value))
 
 
 def _json_line(name: str, line_no: int, text: str) -> Any:
@@ -197,6 +206,7 @@ def _vllm_request(request_id: str, entry: dict[str, Any], output: str | None, fi
     body = entry.get("body") or {}
     return TraceRequest(
         format="vllm-log", request_id=request_id, where=f"line {entry['line']}", order=entry["line"],
+        session=conversation_id(body),
         prompt_ids=entry["prompt_ids"], completion_ids=entry.get("completion_ids"), prompt_text=entry["prompt"],
         completion_text=output, messages=_messages(body.get("messages")), tools=_tools(body.get("tools")),
         model=body.get("model"), finish_reason=finish, chat_template_kwargs=body.get("chat_template_kwargs"),
@@ -211,6 +221,17 @@ _SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (?P<json>\{.*\})
 _SGLANG_CUT = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] \{.*\"event\": \"request\.")  # a record without its end
 _SGLANG_EVENTS = ("request.received", "request.received.openai", "request.finished")
 _SGLANG_HINT = "; SGLang logs whole id lists only at --log-requests-level 3"
+
+
+def _sglang_session(obj: dict) -> str | None:
+    """GenerateReqInput's own session: session_id, conversation_id, or the session API's session_params.id
+    (io_struct.py:183, 274, 309 at 0.5.23)."""
+    params = obj.get("session_params")
+    for value in (obj.get("session_id"), obj.get("conversation_id"), params.get("id") if isinstance(params, dict)
+                  else None):
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _detect_sglang(first: str, _: Any) -> bool:
@@ -271,7 +292,7 @@ def _sglang_record(name: str, line_no: int, text: str, openai_bodies: dict[str, 
     finish = meta.get("finish_reason")
     yield TraceRequest(
         format="sglang-log", request_id=rid, where=where, order=received.pop(rid, line_no),
-        session=next((obj[k] for k in ("session_id", "conversation_id") if isinstance(obj.get(k), str)), None),
+        session=_sglang_session(obj) or conversation_id(body),
         prompt_ids=prompt_ids, completion_ids=completion_ids,
         prompt_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
         completion_text=out.get("text") if isinstance(out.get("text"), str) else None,
@@ -287,7 +308,7 @@ def _sglang_record(name: str, line_no: int, text: str, openai_bodies: dict[str, 
 
 
 def _detect_verifiers(_: str, value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("trajectory"), list) and "history" not in value
+    return _is_rollout(value)
 
 
 def _read_verifiers(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
@@ -297,22 +318,55 @@ def _read_verifiers(name: str, lines: Iterable[str], skip: Skip = _raise) -> Ite
             continue
         any_rollout = True
         try:
-            yield from _verifiers_rollout(name, line_no, line)
+            yield from _verifiers_line(name, line_no, line)
         except TraceFormatError as err:
             skip(err)  # the rollout's steps before the bad one are kept: its later prompts follow from it
     if not any_rollout:
         raise TraceFormatError(f"{name} holds no verifiers rollout")
 
 
-def _verifiers_rollout(name: str, line_no: int, line: str) -> Iterator[TraceRequest]:
-    """One results.jsonl line: a rollout, one request per trajectory step."""
-    rollout = _json_line(name, line_no, line)
+def _is_rollout(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("trajectory"), list) and "history" not in value
+
+
+_ROLLOUT_COLUMNS = frozenset({"example_id", "prompt", "completion"})  # what verifiers saves of every rollout
+
+
+def _detect_verifiers_list(_: str, value: Any) -> bool:
+    first = value[0] if isinstance(value, list) and value else None
+    return _is_rollout(first) or (isinstance(first, dict) and _ROLLOUT_COLUMNS <= first.keys()
+                                  and "history" not in first)
+
+
+def _read_verifiers_list(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[TraceRequest]:
+    """Rollouts saved as one JSON list: each element as a results.jsonl line is read."""
+    rollouts = _whole_json(name, lines, list)
+    if not rollouts:
+        raise TraceFormatError(f"{name} holds no verifiers rollout")
+    for i, rollout in enumerate(rollouts):
+        try:
+            yield from _verifiers_rollout(name, f"rollout [{i}]", f"rollout [{i}]", rollout, "verifiers-json")
+        except TraceFormatError as err:
+            skip(err)  # as in results.jsonl: the rollout's steps before the bad one, and every other rollout
+
+
+def _verifiers_line(name: str, line_no: int, line: str) -> Iterator[TraceRequest]:
+    """One results.jsonl line: a rollout."""
+    if line.lstrip().startswith("["):
+        raise _fail(name, f"line {line_no}", "a JSON list, not one rollout a line: rollouts saved as one JSON list "
+                    "are read as --format verifiers-json")
+    yield from _verifiers_rollout(name, f"line {line_no}", f"rollout on line {line_no}",
+                                  _json_line(name, line_no, line))
+
+
+def _verifiers_rollout(name: str, at: str, fallback_session: str, rollout: Any,
+                       trace_format: str = "verifiers") -> Iterator[TraceRequest]:
+    """One rollout (`at`: where it is in the file), one request per trajectory step."""
     if not isinstance(rollout, dict) or not isinstance(rollout.get("trajectory"), list):
-        raise _fail(name, f"line {line_no}", "a rollout without a trajectory list (save it with the "
-                    "trajectory state column)")
+        raise _fail(name, at, "a rollout without a trajectory list (save it with the trajectory state column)")
     tools = _tools(rollout.get("tool_defs"))
     for i, step in enumerate(rollout["trajectory"]):
-        where = f"line {line_no}, trajectory[{i}]"
+        where = f"{at}, trajectory[{i}]"
         if not isinstance(step, dict):
             raise _fail(name, where, "a trajectory step is not an object")
         tokens = step.get("tokens")
@@ -325,9 +379,9 @@ def _verifiers_rollout(name: str, line_no: int, line: str) -> Iterator[TraceRequ
         completion = step.get("completion")
         reply = completion[0] if isinstance(completion, list) and completion and \
             isinstance(completion[0], dict) else None
-        session = step.get("trajectory_id") or rollout.get("trajectory_id") or f"rollout on line {line_no}"
+        session = step.get("trajectory_id") or rollout.get("trajectory_id") or fallback_session
         yield TraceRequest(
-            format="verifiers", request_id=f"{session}#{i}", where=where, session=str(session),
+            format=trace_format, request_id=f"{session}#{i}", where=where, session=str(session),
             prompt_ids=prompt_ids, completion_ids=completion_ids,
             messages=_messages(step.get("prompt")), tools=tools, response_message=reply,
             finish_reason=None,
@@ -417,17 +471,24 @@ def _read_openai(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterat
             continue
         count += 1
         try:
-            yield _openai_record(name, line_no, line)
+            request = openai_record(name, line_no, line)
         except TraceFormatError as err:
             skip(err)
+            continue
+        if request is not None:
+            yield request
     if not count:
         raise TraceFormatError(f"{name} holds no request/response line")
 
 
-def _openai_record(name: str, line_no: int, line: str) -> TraceRequest:
-    """One JSONL line: a request and its response."""
+def openai_record(name: str, line_no: int, line: str) -> TraceRequest | None:
+    """One JSONL line: a request and its response; None for an exchange `python -m engine watch` recorded whole but
+    marked cut (`"watch": {"complete": false}`: the upstream failed or answered an error, the client went away), which
+    has no completion to analyse."""
     record = _json_line(name, line_no, line)
     where = f"line {line_no}"
+    if isinstance(record, dict) and isinstance(record.get("watch"), dict) and record["watch"].get("complete") is False:
+        return None
     if not isinstance(record, dict) or not isinstance(record.get("request"), dict) or \
             not isinstance(record.get("response"), dict):
         raise _fail(name, where, "each line needs a request object and a response object")
@@ -442,13 +503,12 @@ def _openai_record(name: str, line_no: int, line: str) -> TraceRequest:
     if response.get("prompt_token_ids") is not None:
         prompt_ids = _ids(response["prompt_token_ids"], name, where, "response.prompt_token_ids")
         completion_ids = _ids(choice.get("token_ids"), name, where, "response.choices[0].token_ids")
-    metadata = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
-    session = record.get("session_id") or metadata.get("session_id") or request.get("user")
+    session = conversation_id(record) or conversation_id(request)
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
     return TraceRequest(
         format="openai-jsonl", request_id=str(response.get("id") or f"line {line_no}"), where=where,
-        session=str(session) if session else None, prompt_ids=prompt_ids, completion_ids=completion_ids,
+        session=session, prompt_ids=prompt_ids, completion_ids=completion_ids,
         messages=_messages(request["messages"]), tools=_tools(request.get("tools")),
         response_message=choice.get("message") if isinstance(choice.get("message"), dict) else None,
         model=request.get("model"), finish_reason=choice.get("finish_reason"),
@@ -536,17 +596,32 @@ def _read_swe(name: str, lines: Iterable[str], skip: Skip = _raise) -> Iterator[
 # Shared
 
 
-def _whole_json(name: str, lines: Iterable[str]) -> dict:
+def _whole_json(name: str, lines: Iterable[str], kind: type = dict) -> Any:
+    """The file as one JSON document: a trajectory (an object) or a list of rollouts (`kind=list`)."""
     text = "".join(lines)
+    what = "the trajectory" if kind is dict else "the rollout list"
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:
         raise _fail(name, f"line {err.lineno}", f"not valid JSON ({err.msg}, column {err.colno})") from None
     except RecursionError:
-        raise _fail(name, "line 1", f"the trajectory is {TOO_DEEP}") from None
-    if not isinstance(document, dict):
-        raise _fail(name, "line 1", "the trajectory is not a JSON object")
+        raise _fail(name, "line 1", f"{what} is {TOO_DEEP}") from None
+    if not isinstance(document, kind):
+        raise _fail(name, "line 1", f"{what} is not a JSON {'object' if kind is dict else 'list'}")
     return document
+
+
+def conversation_id(record: Any) -> str | None:
+    """What a request body or a JSONL record names its conversation by: `session_id` or `conversation_id`, at its top
+    level or in `metadata`. `user` is not one: it names who asked, and one user holds many conversations."""
+    if not isinstance(record, dict):
+        return None
+    metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+    for value in (record.get("session_id"), record.get("conversation_id"), metadata.get("session_id"),
+                  metadata.get("conversation_id")):
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return str(value)
+    return None
 
 
 def _text(content: Any) -> str:
@@ -579,19 +654,39 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     TraceFormat("swe-agent", "SWE-agent trajectory", _detect_swe, _read_swe, streamed=False),
     TraceFormat("verifiers", "verifiers / prime-rl rollouts (results.jsonl)", _detect_verifiers, _read_verifiers,
                 streamed=True),
+    TraceFormat("verifiers-json", "verifiers / prime-rl rollouts saved as one JSON list", _detect_verifiers_list,
+                _read_verifiers_list, streamed=False),
     TraceFormat("openai-jsonl", "OpenAI-style request/response JSONL", _detect_openai, _read_openai, streamed=True),
 )}
 
 
 def _first_value(head: str) -> Any:
-    """The first JSON value of the file's head: its first line (JSONL), else the whole head (a document)."""
+    """The first JSON value of the file's head: its first line (JSONL), else the whole head (a document); for a
+    list, the list of its first element."""
     first = next((line for line in head.splitlines() if line.strip()), "")
+    if head.lstrip().startswith("["):
+        return _first_element(head.lstrip())
     for text in (first, head):
         try:
             return json.loads(text)
         except (json.JSONDecodeError, RecursionError):
             continue
     return _document_keys(head)
+
+
+def _first_element(head: str) -> list | None:
+    """A JSON list's first element, as a one-element list; when the head cuts it off, the keys its first object
+    holds (at any depth: enough to tell a rollout)."""
+    at = len(head) - len(head[1:].lstrip())
+    try:
+        element, _ = json.JSONDecoder().raw_decode(head, at)
+        return [element]
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    if not head[at:].startswith("{"):
+        return None
+    keys = set(re.findall(r'"([A-Za-z_]+)":', head))
+    return [{k: [] for k in keys}] if keys else None
 
 
 def _document_keys(head: str) -> dict | None:

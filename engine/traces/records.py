@@ -18,15 +18,32 @@ class TraceFormatError(ExplorerError):
         self.where = where
 
 
-def skipped_sentence(skipped: list[TraceFormatError] | tuple[TraceFormatError, ...], shown: int = 5) -> str:
+class SkippedRecords(list):
+    """The bad records a lenient read left out (read_trace's `skipped`): the first `kept` of them, and how many there
+    were in all (`count`), so that a file of a million bad lines holds no million sentences."""
+
+    def __init__(self, kept: int = 100) -> None:
+        super().__init__()
+        self.kept = kept
+        self.count = 0
+
+    def append(self, err: TraceFormatError) -> None:
+        self.count += 1
+        if len(self) < self.kept:
+            super().append(err)
+
+
+def skipped_sentence(skipped: list[TraceFormatError] | tuple[TraceFormatError, ...], shown: int = 5,
+                     total: int | None = None) -> str:
     """One sentence for the bad records a lenient read skipped: the first one's own sentence, then where the others
-    are."""
+    are; `total`: how many there were, when `skipped` holds only the first ones (default: its count or length)."""
+    total = total if total is not None else getattr(skipped, "count", len(skipped))
     first = str(skipped[0]).rstrip(".")
-    if len(skipped) == 1:
+    if total == 1:
         return f"{first} (that record was skipped, the rest of the file was read)"
     wheres = [e.where or "?" for e in skipped[1:shown]]
-    more = ", …" if len(skipped) > shown else ""
-    return f"{first} ({len(skipped)} bad records were skipped: this one and {', '.join(wheres)}{more}; the rest of " \
+    more = ", …" if total > shown else ""
+    return f"{first} ({total} bad records were skipped: this one and {', '.join(wheres)}{more}; the rest of " \
            "the file was read)"
 
 

@@ -9,10 +9,11 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.models import LoadedModel
 from engine.serving.spec import EngineSpec
+from engine.traces.grouping import SessionGrouping
 from engine.traces.pipeline import replay_engine
 from engine.traces.readers import read_trace
-from engine.traces.records import TraceFormatError, skipped_sentence
-from engine.traces.truth import Grouper, SessionBuilder, SessionTruth, ids_of
+from engine.traces.records import SkippedRecords, TraceFormatError, TraceRequest, skipped_sentence
+from engine.traces.truth import SessionBuilder, SessionTruth, TraceStep, ids_of
 from engine.traces.why import Replay, explain_step
 
 
@@ -25,12 +26,13 @@ class TraceReport:
     block_size: int
     sessions: tuple[SessionTruth, ...]
     replays: dict[tuple[int, int], Replay] = field(default_factory=dict)  # (session, request) 1-based
-    skipped: tuple[TraceFormatError, ...] = ()  # bad records left out (analyse_trace's skip_bad_records)
+    skipped: tuple[TraceFormatError, ...] = ()  # bad records left out (analyse_trace's skip_bad_records), the first 100
+    skipped_count: int = 0  # how many there were in all
 
     @property
     def skipped_sentence(self) -> str | None:
         """One sentence for the bad records left out, or None when every record was read."""
-        return skipped_sentence(self.skipped) if self.skipped else None
+        return skipped_sentence(self.skipped, total=self.skipped_count) if self.skipped else None
 
     @property
     def requests(self) -> int:
@@ -77,7 +79,68 @@ class TraceReport:
                            "lost_tokens": session.lost_tokens, "breaks": session.breaks},
             })
         return {"source": self.source, "format": self.format, "model": self.model, "engine": self.engine,
-                "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped]}
+                "block_size": self.block_size, "sessions": sessions, "skipped": [str(e) for e in self.skipped],
+                "skipped_count": self.skipped_count}
+
+
+class TraceAnalysis:
+    """Requests analysed one at a time, as they are read (`analyse_trace`) or as they arrive (`python -m engine
+    watch`): each is assigned to its session and its step computed at once, and only what a later request needs is
+    kept (per session its latest sequence and request; per break both sides), so memory follows the sessions and the
+    breaks, not the traffic. With `engine` and a model, each break is replayed (`attribute=False`: the causes of
+    reproduced breaks wait for `TraceReport.attribute`)."""
+
+    def __init__(self, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
+                 block_size: int = 16, checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
+                 hints: bool = True, attribute: bool = True) -> None:
+        self.model, self.block_size, self.policy = model, block_size, checkpoint_policy
+        self.spec = replay_engine(engine) if engine is not None else None
+        self.explain, self.hints, self.attribute = explain, hints, attribute
+        self.grouping = SessionGrouping()
+        self.builders: dict[str, SessionBuilder] = {}
+        self.named: set[str] = set()  # sessions the trace names itself
+        self.replays: dict[tuple[str, int], Replay] = {}
+        self.format: str | None = None
+
+    def add(self, request: TraceRequest) -> tuple[str, TraceStep, Replay | None]:
+        """The request's session key, its step, and the replay of its break (None when it holds or is not
+        replayed)."""
+        self.format = self.format or request.format
+        prompt, completion, source = ids_of(self.model, request, self.spec)
+        key = self.grouping.assign(request, prompt, completion)
+        if request.session is not None:
+            self.named.add(key)
+        builder = self.builders.get(key)
+        if builder is None:
+            builder = self.builders[key] = SessionBuilder(key, self.model, source, self.block_size, self.policy)
+        previous = builder.previous_request
+        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
+        step = builder.add(request, prompt, completion, source)
+        replay = None
+        if step.breaks and self.explain and self.model is not None and self.spec is not None and previous is not None:
+            replay = self.replays[(key, step.row.index)] = explain_step(
+                self.model, self.spec, previous, request, previous_completion, previous_prompt, prompt,
+                step.row.index - 1, hints=self.hints, attribute_now=self.attribute)
+        return key, step, replay
+
+    def report(self, label: str, trace_format: str | None = None,
+               skipped: tuple[TraceFormatError, ...] = (), skipped_count: int = 0) -> TraceReport:
+        """Every session so far, in the order of its first request (those the grouping found numbered in that
+        order)."""
+        ordered = sorted(self.builders.values(), key=lambda b: b.first_order)
+        truths = []
+        numbered: dict[tuple[int, int], Replay] = {}
+        for n, builder in enumerate(ordered, start=1):
+            truth = builder.truth()
+            if builder.key not in self.named:  # a session grouping found: numbered in the order of its first request
+                truth = replace(truth, key=f"{truth.key.rsplit('-', 1)[0]}-{n}")
+            truths.append(truth)
+            for (key, index), replay in self.replays.items():
+                if key == builder.key:
+                    numbered[(n, index)] = replay
+        return TraceReport(label, trace_format or self.format or "", self.model.id if self.model else None,
+                           str(self.spec) if self.spec else None, self.block_size, tuple(truths), numbered,
+                           tuple(skipped), skipped_count)
 
 
 def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
@@ -85,55 +148,24 @@ def analyse_trace(path: str | Path, model: LoadedModel | None = None, *, engine:
                   checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
                   hints: bool = True, attribute: bool = True, name: str | None = None,
                   skip_bad_records: bool = False) -> TraceReport:
-    """Read `path` request by request, group, compute every step; with `engine` and a model, replay each break
-    (`attribute=False`: the causes of reproduced breaks wait for `TraceReport.attribute`).
-
-    One pass: a request is assigned to its session and its step computed as it is read, and only what a later
-    request needs is kept (per session its latest sequence and request; per break both sides), so memory follows
-    the sessions and the breaks, not the file.
+    """Read `path` request by request through a `TraceAnalysis`: one pass, memory following the sessions and the
+    breaks, not the file.
 
     `skip_bad_records`: a bad record does not stop the analysis; it is left out (readers.py says what is kept, per
     format) and listed in the report's `skipped`. A file none of whose records is complete is still refused.
     """
     label = name or Path(path).name
-    spec = replay_engine(engine) if engine is not None else None
-    grouper = Grouper()
-    builders: dict[str, SessionBuilder] = {}
-    replays: dict[tuple[str, int], Replay] = {}
-    chosen = trace_format
-    skipped: list[TraceFormatError] | None = [] if skip_bad_records else None
+    analysis = TraceAnalysis(model, engine=engine, block_size=block_size, checkpoint_policy=checkpoint_policy,
+                             explain=explain, hints=hints, attribute=attribute)
+    skipped = SkippedRecords() if skip_bad_records else None
     for request in read_trace(path, trace_format, name=label, skipped=skipped):
-        chosen = chosen or request.format
-        prompt, completion, source = ids_of(model, request, spec)
-        key = grouper.assign(request, prompt, completion)
-        builder = builders.get(key)
-        if builder is None:
-            builder = builders[key] = SessionBuilder(key, model, source, block_size, checkpoint_policy)
-        previous = builder.previous_request
-        previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
-        step = builder.add(request, prompt, completion, source)
-        if step.breaks and explain and model is not None and spec is not None and previous is not None:
-            replays[(key, step.row.index)] = explain_step(model, spec, previous, request, previous_completion,
-                                                          previous_prompt, prompt, step.row.index - 1, hints=hints,
-                                                          attribute_now=attribute)
-    if not builders:
+        analysis.add(request)
+    if not analysis.builders:
         if skipped:
             raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
                                                                      "no other record is a complete request"))
         raise ExplorerError(f"{label} holds no complete request (a prompt and its completion)")
-    ordered = sorted(builders.values(), key=lambda b: b.first_order)
-    truths = []
-    numbered: dict[tuple[int, int], Replay] = {}
-    for n, builder in enumerate(ordered, start=1):
-        truth = builder.truth()
-        if truth.key.startswith("prefix-"):
-            truth = replace(truth, key=f"prefix-{n}")  # numbered in the order of their first request
-        truths.append(truth)
-        for (key, index), replay in replays.items():
-            if key == builder.key:
-                numbered[(n, index)] = replay
-    return TraceReport(label, chosen or "", model.id if model else None, str(spec) if spec else None, block_size,
-                       tuple(truths), numbered, tuple(skipped or ()))
+    return analysis.report(label, trace_format, tuple(skipped or ()), skipped.count if skipped is not None else 0)
 
 
 def report_text(report: TraceReport) -> str:
@@ -141,7 +173,7 @@ def report_text(report: TraceReport) -> str:
     lines = [f"{report.source}: {report.format}, {len(report.sessions)} session(s), {report.requests} requests"
              + (f", model {report.model}" if report.model else "") + (f", replayed through {report.engine}"
                                                                       if report.engine else "")
-             + (f", {len(report.skipped)} bad record(s) skipped" if report.skipped else "")]
+             + (f", {report.skipped_count} bad record(s) skipped" if report.skipped else "")]
     for s_no, session in enumerate(report.sessions, start=1):
         lines.append(f"session {s_no} ({session.key}, ids {session.ids_source}): {len(session.steps)} requests, "
                      f"{session.prompt_tokens} prompt tokens, {session.reused_tokens} reused, "

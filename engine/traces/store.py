@@ -6,6 +6,10 @@
 
 The id is the first 16 hex digits of the content's sha256, so the same file uploaded twice is stored once. As with
 template uploads (engine/workspace.py, whose atomic writes this reuses), a crash leaves a complete trace or none.
+
+A bad record does not refuse the file, as with `python -m engine trace`: the file is stored as uploaded, its good
+records are analysed (engine/traces/readers.py says what is kept, per format), and meta.json keeps the sentences of
+the first SKIPPED_KEPT bad records and how many there were. A file none of whose records is complete is refused.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.errors import ExplorerError
+from engine.traces.grouping import SessionGrouping
 from engine.traces.readers import read_trace
-from engine.traces.records import TraceFormatError
-from engine.traces.truth import Grouper
-from engine.workspace import default_root, fsync_dir, write_atomic
+from engine.traces.records import SkippedRecords, TraceFormatError, skipped_sentence
+from engine.workspace import VisitorLimits, check_room, default_root, fsync_dir, write_atomic
 
 _MB = 1024 * 1024
 META = "meta.json"
+SKIPPED_KEPT = 5  # bad records named in meta.json; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -56,27 +61,51 @@ class StoredTrace:
     sessions: int
     created: str
     path: Path  # the stored file
+    skipped: tuple[str, ...] = ()  # the first SKIPPED_KEPT bad records' sentences, in file order
+    skipped_count: int = 0  # bad records in all (each left out of the analysis)
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "path"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "path"}
+        out["skipped"] = list(self.skipped)
+        return out
 
 
-def validate_trace(name: str, path: Path) -> tuple[str, int, int]:
-    """Read every record of the file at `path`: its format, requests and sessions (ids only: no model needed)."""
-    grouper = Grouper()
+@dataclass(frozen=True)
+class TraceCheck:
+    """What reading a whole trace file found: its format, complete requests, sessions, and the bad records left out."""
+
+    format: str
+    requests: int
+    sessions: int
+    skipped: tuple[str, ...]  # the first SKIPPED_KEPT bad records' sentences
+    skipped_count: int
+
+
+def validate_trace(name: str, path: Path) -> TraceCheck:
+    """Read every record of the file at `path` (ids only: no model needed), leaving the bad ones out as the analysis
+    does; TraceFormatError when no record is a complete request."""
+    grouping = SessionGrouping()
     count, trace_format = 0, ""
-    for request in read_trace(path, name=name):
+    skipped = SkippedRecords(kept=SKIPPED_KEPT)
+    for request in read_trace(path, name=name, skipped=skipped):
         count, trace_format = count + 1, request.format
-        grouper.assign(request, request.prompt_ids or (), request.completion_ids or ())
+        grouping.assign(request)
     if not count:
+        if skipped:
+            raise TraceFormatError(skipped_sentence(skipped).replace("the rest of the file was read",
+                                                                     "no other record is a complete request"))
         raise TraceFormatError(f"{name} holds no complete request (a prompt and its completion)")
-    return trace_format, count, grouper.sessions
+    return TraceCheck(trace_format, count, grouping.sessions, tuple(str(e) for e in skipped), skipped.count)
 
 
 class TraceStore:
-    def __init__(self, root: str | Path | None = None, limits: TraceLimits | None = None) -> None:
+    def __init__(self, root: str | Path | None = None, limits: TraceLimits | None = None, *,
+                 visitor_limits: VisitorLimits | None = None) -> None:
+        """`root`: a workspace's folder; `visitor_limits`: that of a visitor's workspace (engine/workspace.py), whose
+        uploads and traces share one cap."""
         self.root = (Path(root).expanduser() if root else default_root()) / "traces"
         self.limits = limits
+        self.visitor_limits = visitor_limits
 
     def add(self, name: str, data: bytes) -> StoredTrace:
         limits = self.limits or TraceLimits.from_env()
@@ -87,15 +116,17 @@ class TraceStore:
         trace_id = digest[:16]
         if (self.root / trace_id / META).is_file():
             return self.get(trace_id)
+        check_room(self.root.parent, len(data), name, self.visitor_limits)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{trace_id}-", dir=self.root))
         try:
             stored = staging / f"{digest}.trace"
             write_atomic(stored, data)
-            trace_format, requests, sessions = validate_trace(name, stored)
-            meta = {"id": trace_id, "name": Path(name).name, "format": trace_format, "sha256": digest,
-                    "size": len(data), "requests": requests, "sessions": sessions,
-                    "created": datetime.now(UTC).isoformat(timespec="seconds")}
+            check = validate_trace(name, stored)
+            meta = {"id": trace_id, "name": Path(name).name, "format": check.format, "sha256": digest,
+                    "size": len(data), "requests": check.requests, "sessions": check.sessions,
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"), "skipped": list(check.skipped),
+                    "skipped_count": check.skipped_count}
             write_atomic(staging / META, json.dumps(meta, ensure_ascii=False, indent=2).encode("utf-8"))
             fsync_dir(staging)
             try:
@@ -114,8 +145,11 @@ class TraceStore:
         folder = self.root / trace_id
         try:
             meta = json.loads((folder / META).read_text(encoding="utf-8"))
-            return StoredTrace(path=folder / f"{meta['sha256']}.trace",
-                               **{f.name: meta[f.name] for f in fields(StoredTrace) if f.name != "path"})
+            # A trace stored before bad records were kept has none.
+            optional = {"skipped": tuple(str(s) for s in meta.get("skipped", ())),
+                        "skipped_count": int(meta.get("skipped_count", 0))}
+            required = {f.name: meta[f.name] for f in fields(StoredTrace) if f.name not in ("path", *optional)}
+            return StoredTrace(path=folder / f"{meta['sha256']}.trace", **optional, **required)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ExplorerError(f"stored trace {trace_id} in {self.root} is damaged and was skipped: {err}") from None
 

@@ -1,10 +1,6 @@
-"""Sessions from requests, and the ground truth of every step: what the prefix cache could reuse.
+"""The ground truth of every step of a session: what the prefix cache could reuse.
 
-Grouping: by the format's own session id where it has one; otherwise a request joins the earlier session whose
-latest sequence (prompt + completion) shares the longest token prefix with its prompt, provided the prompt is longer
-than that session's first prompt and still holds it up to its generation prompt (`FIRST_PROMPT_SLACK` tokens short
-of its end at most); else it starts a session (so n samples of one prompt are n sessions). Candidates are found
-through a hash chain of 16-token blocks (as vLLM's prefix cache keys blocks): one pass over each request's tokens.
+Requests are grouped into sessions by grouping.py (the conversation each continues).
 
 Per step (request k of a session, k >= 2): the token-level common prefix of (request k-1's prompt ids + its
 completion ids) and request k's prompt ids, the first differing token, tokens reused and re-prefilled, and at a
@@ -20,7 +16,6 @@ with the model's template, each completion written as the model's output from th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,50 +27,6 @@ from engine.serving.spec import EngineSpec
 from engine.session import CachedSequence, RequestRow, checkpoints_after, reuse_of
 from engine.traces.pipeline import render_request, served_by, template_kwargs, turn_of
 from engine.traces.records import TraceRequest
-
-HASH_BLOCK = 16
-FIRST_PROMPT_SLACK = 4  # a generation prompt past the role header: Qwen3 "<think>\n" is 2 tokens
-
-
-def _chain(ids: tuple[int, ...]) -> Iterable[int]:
-    """The hash of every whole 16-token block, each chained to the ones before it (vLLM's block keys)."""
-    h = 0
-    for start in range(0, len(ids) - HASH_BLOCK + 1, HASH_BLOCK):
-        h = hash((h, ids[start:start + HASH_BLOCK]))
-        yield h
-
-
-class Grouper:
-    """Assigns each request to a session as it arrives (see the module docstring); keeps each session's first prompt
-    and one dictionary entry per distinct 16-token block of the sequences seen."""
-
-    def __init__(self) -> None:
-        self.first_prompt: dict[str, tuple[int, ...]] = {}
-        self.deepest: dict[int, str] = {}  # block-chain hash -> the session whose latest sequence last held it
-        self.sessions = 0
-
-    def assign(self, request: TraceRequest, prompt: tuple[int, ...], completion: tuple[int, ...]) -> str:
-        key = request.session
-        if key is None:
-            candidate = None
-            for h in _chain(prompt):
-                owner = self.deepest.get(h)
-                if owner is None:
-                    break
-                candidate = owner
-            if candidate is not None:
-                first = self.first_prompt[candidate]
-                # A later request of a session is longer than its first prompt: an equal prompt is another session
-                # (n rollouts of one RL prompt), and so is one that parts from it before its generation prompt.
-                if len(prompt) <= len(first) or common_prefix(prompt, first) < len(first) - FIRST_PROMPT_SLACK:
-                    candidate = None
-            key = candidate or f"prefix-{self.sessions + 1}"
-            for h in _chain(prompt + completion):
-                self.deepest[h] = key
-        if key not in self.first_prompt:
-            self.sessions += 1
-            self.first_prompt[key] = prompt if request.session is None else ()
-        return key
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,12 @@ from typing import Any
 
 from engine.blame import BlameContext, explain_break
 from engine.errors import ExplorerError
+from engine.formats import get_format
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
 from engine.scenario import Scenario
 from engine.serving.bridge import bridge_prompt
+from engine.serving.raw import raw_request
 from engine.serving.spec import EngineSpec
 from engine.simulate import rerender
 from engine.traces.pipeline import (
@@ -135,9 +137,10 @@ def _bridged(step: _Step, broken: Boundary) -> Boundary:
     request = broken.next_request
     tools, kwargs = (request.tools, request.kwargs) if request is not None else (None, {})
     assistant = request.messages[assistant_index] if request is not None else {}
-    raw = served_by(EngineSpec("raw"))
+    arguments = get_format(model.spec.family).arguments_in_history
     prompt = bridge_prompt(model, broken.prev_prompt, broken.completion, assistant, step.appended, assistant_index,
-                           lambda messages: render_request(model, raw, messages, tools, kwargs)[0])
+                           lambda messages: model.renderer.render(raw_request(messages, arguments), tools,
+                                                                  add_generation_prompt=True, kwargs=kwargs))
     appended = prompt.text[len(broken.prev_text):]
     prev_ids = broken.prev_ids or ()
     next_ids = prev_ids + model.tokenizer.encode(appended).ids

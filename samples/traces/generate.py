@@ -6,9 +6,10 @@ template and tokenizer, the model's output written by engine/formats, the engine
 each engine's or package's own code writes its records: vLLM 0.33.0's request logger lines (its logger format, the
 DEBUG records' shortened file path, %r prompts, `str(list)` ids, the pydantic JSON body), SGLang 0.5.23's json
 request log (`[%Y-%m-%d %H:%M:%S] ` + `json.dumps({"timestamp", "event", ...}, ensure_ascii=False)`, every
-GenerateReqInput field), verifiers' results.jsonl, an ATIF 1.8 trajectory (validated by the atif package when it
-is installed), OpenAI-style request/response JSONL with vLLM's return_token_ids fields, a mini-swe-agent 1.1 and a
-SWE-agent trajectory. The server logs interleave the sessions' requests as a busy server logs them.
+GenerateReqInput field), verifiers' results.jsonl and the same rollouts saved as one JSON list, an ATIF 1.8
+trajectory (validated by the atif package when it is installed), OpenAI-style request/response JSONL with vLLM's
+return_token_ids fields, a mini-swe-agent 1.1 and a SWE-agent trajectory. The server logs interleave the sessions'
+requests as a busy server logs them.
 
     python samples/traces/generate.py            # rewrites every sample (deterministic)
     python samples/traces/generate.py --bench    # also the benchmark traces under build/traces/ (not committed)
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.formats import AssistantTurn, get_format  # noqa: E402
 from engine.models import LoadedModel, load_model  # noqa: E402
 from engine.scenario import Scenario, ScriptTurn, load_scenario  # noqa: E402
-from engine.simulate import _completion_ids  # noqa: E402
+from engine.serving.bridge import sampled_completion_ids  # noqa: E402
 from engine.traces.pipeline import (  # noqa: E402
     completion_of,
     parse_completion,
@@ -101,7 +102,7 @@ def run_session(model: LoadedModel, scenario: Scenario, engine: str, session: st
         assert turn.assistant is not None
         prompt, _, _ = render_request(model, served, history, tools, kwargs)
         completion = fmt.write(turn.assistant, stop)
-        ids = _completion_ids(model, completion, turn.noncanonical_tokens)
+        ids = sampled_completion_ids(model, completion, turn.noncanonical_tokens)
         assert ids is not None and model.tokenizer is not None
         parsed = parse_completion(model, served, completion_of(model, completion.text), tools, kwargs, calls)
         spec_ids = [c.call_id or f"call_{calls + i}" for i, c in enumerate(turn.assistant.tool_calls)]
@@ -266,7 +267,8 @@ def write_sglang(path: Path, all_sessions: list[list[Request]], model_name: str,
 # verifiers, ATIF, OpenAI JSONL, mini-swe-agent, SWE-agent
 
 
-def write_verifiers(path: Path, all_sessions: list[list[Request]], model_name: str) -> None:
+def write_verifiers(path: Path, all_sessions: list[list[Request]], model_name: str, *, as_list: bool = False) -> None:
+    """results.jsonl, one rollout a line; `as_list`: the same rollouts saved as one JSON list (json.dump)."""
     lines = []
     for n, requests in enumerate(all_sessions):
         trajectory_id = f"{random.Random(n).getrandbits(128):032x}"
@@ -292,6 +294,9 @@ def write_verifiers(path: Path, all_sessions: list[list[Request]], model_name: s
             "metrics": {}, "stop_condition": "no_tools_called", "error": None, "trajectory": steps,
             "tool_defs": first.tools, "timing": {"start_time": 1764581400.0},
         }, ensure_ascii=False))
+    if as_list:  # as json.dump writes it: one line
+        path.write_text(json.dumps([json.loads(line) for line in lines], ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -404,6 +409,7 @@ def write_samples(out: Path) -> None:
     write_vllm(out / "vllm-0.33.0.log", vllm_sessions, name)
     write_sglang(out / "sglang-0.5.23.log", sglang_sessions, name, model)
     write_verifiers(out / "verifiers-results.jsonl", vllm_sessions, name)
+    write_verifiers(out / "verifiers-results.json", vllm_sessions, name, as_list=True)
     write_openai(out / "openai.jsonl", vllm_sessions, name)
     # One trajectory per file, as the packages save them: the reasoning-dropping session.
     chosen = vllm_sessions[1]
@@ -433,6 +439,9 @@ def write_malformed(out: Path) -> None:
     rollout = json.loads((out / "verifiers-results.jsonl").read_text(encoding="utf-8").splitlines()[1])
     rollout["trajectory"][1]["tokens"]["prompt_ids"] = "see prompt"
     (bad / "verifiers.jsonl").write_text(json.dumps(rollout) + "\n", encoding="utf-8")
+    rollouts = json.loads((out / "verifiers-results.json").read_text(encoding="utf-8"))
+    del rollouts[2]["trajectory"][1]["tokens"]["completion_ids"]
+    (bad / "verifiers.json").write_text(json.dumps(rollouts[:3]) + "\n", encoding="utf-8")
     atif = json.loads((out / "atif.json").read_text(encoding="utf-8"))
     atif["steps"][3]["step_id"] = 7
     (bad / "atif.json").write_text(json.dumps(atif, indent=2) + "\n", encoding="utf-8")

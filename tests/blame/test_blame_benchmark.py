@@ -125,6 +125,8 @@ def test_the_benchmark_covers_every_class_family_kind_and_stage() -> None:
     assert all(("other" in c) == (c["kind"] == "generation-prompt-differs") for c in CASES)
     # Every kind a template, encoder or engine edit can produce; the client and tokenizer kinds come from the
     # scenarios themselves (tests/test_findings.py), close-inserted from truncation (test_matrix_causes).
-    # A null for "" renders like "" in these templates (no engine edit of that kind can break them).
+    # A null for "" renders like "" in these templates (no engine edit of that kind can break them). The layers'
+    # kinds come from columns with layers (tests/test_layers.py).
     assert set(CAUSE_KINDS) - set(kinds) == {"client-dropped-field", "retokenised", "close-inserted",
-                                              "content-dropped", "content-null"}
+                                              "content-dropped", "content-null", "runtime-differs", "proxy-rewrote",
+                                              "cache-dropped"}

@@ -49,6 +49,7 @@ class WorkerLimits:
     memory_mb: int = 3072
     startup_timeout_s: float = 60.0
     parse_timeout_s: float = 20.0
+    list_timeout_s: float = 60.0  # listing its parsers, once per release (imports every parser module)
     max_workers: int = 4  # workers kept alive at once (least recently used is stopped)
 
     @classmethod
@@ -138,7 +139,7 @@ class Worker:
             # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            return self._read(timeout_s, request.get("op", "answer"))
+            return self._read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
 
     def stubbed_dependencies(self) -> str:
         """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
@@ -157,6 +158,8 @@ class Worker:
         return proc.wait()
 
 
+# What a request asks of the worker, as the sentence of a worker that did not answer it says it ("did not parse").
+_DOING = {"parse": "parse", "render": "render", "parsers": "list its parsers"}
 _WORKERS: OrderedDict[str, Worker] = OrderedDict()
 _WORKERS_LOCK = threading.Lock()
 
@@ -209,8 +212,6 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
     cache = result_cache() if persisted_results_enabled() else None
 
     def key_of_job() -> str | None:  # None while the release's sources are not in the engine cache
-        if fetch.cached_wheel_sha256(spec) is None:
-            return None
         fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
         return fingerprint.key(job) if fingerprint is not None else None
 
@@ -467,17 +468,26 @@ class RealEngine(EngineEmulation):
     def origin(self) -> str:
         return f"{self.name} {self.version} (real code)"
 
+    @property
+    def parser_names_path(self) -> Path:
+        """Where the release's parser names are kept once listed (beside its sources in the engine cache)."""
+        return fetch.cache_dir() / "releases" / self.spec / "parsers.json"
+
     def _parser_names(self) -> dict:
+        """The parser names the release registers: from the engine cache, else asked of its worker once (bounded by
+        DRIFT_ENGINE_LIST_TIMEOUT_S). A worker that hangs or dies then raises EngineWorkerError, is stopped, and the
+        next request starts a fresh one and asks again."""
         if self._names is None:
-            path = fetch.cache_dir() / "releases" / self.spec / "parsers.json"
+            path = self.parser_names_path
             if path.exists():
                 self._names = json.loads(path.read_text())
             else:
-                reply = worker_for(self.name, self.version, offline=self.offline).ask({"op": "parsers"}, 60)
+                worker = worker_for(self.name, self.version, offline=self.offline)
+                reply = worker.ask({"op": "parsers"}, WorkerLimits.from_env().list_timeout_s)
                 if not reply.get("ok"):
                     raise EngineWorkerError(f"{self.spec}: cannot list its parsers: {reply.get('error')}")
                 self._names = {"tool_parsers": reply["tool_parsers"], "reasoning_parsers": reply["reasoning_parsers"]}
-                path.write_text(json.dumps(self._names))
+                fetch.write_atomic(path, json.dumps(self._names).encode())  # other processes may be reading it
         return self._names
 
     @property
@@ -499,7 +509,10 @@ class RealEngine(EngineEmulation):
         `added_tokens`, all special) supplies the added tokens. `trace` (default: where it is cheap,
         `traces_cheaply`) runs the line tracer: the result's edits are then the release's executed lines that made each
         field."""
-        self.check_names(reasoning_parser, tool_parser)
+        try:
+            self.check_names(reasoning_parser, tool_parser)
+        except EngineWorkerError as err:  # listing its parsers hung or died: this parse's error, as a hung parse's
+            return ParseResult(None, None, error=str(err))
         if trace is None:
             trace = self.traces_cheaply
         if vocab is None and tokenizer is not None:
@@ -510,6 +523,9 @@ class RealEngine(EngineEmulation):
                 vocab = AddedVocab(vocab.ids, vocab.special)
         vocab = vocab or AddedVocab(dict(added_tokens or {}), frozenset(added_tokens or ()))
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
+        defaults = self.server_flags.get("default-chat-template-kwargs")
+        if defaults:  # the parsers read the kwargs the server resolved: its defaults under the request's own
+            chat_template_kwargs = {**defaults, **(chat_template_kwargs or {})}
         if stream and chunks is None:
             chunks = default_chunks(text)
         job = {"op": "parse", "text": text, "chunks": chunks or vocab.chunks(text), "stream": stream,
@@ -583,7 +599,7 @@ class RealEngine(EngineEmulation):
                "chat_template_kwargs": dict(kwargs), "chat_template": chat_template,
                # the server is started with its parser pair (SGLang 0.5.1 refuses a request without a tool parser)
                "reasoning_parser": (parsers or {}).get("reasoning_parser"),
-               "tool_parser": (parsers or {}).get("tool_call_parser")}
+               "tool_parser": (parsers or {}).get("tool_call_parser"), **self._server_job()}
         try:
             reply = self.render_request(job)
         except RenderError as err:
@@ -594,6 +610,30 @@ class RealEngine(EngineEmulation):
         conversation = reply["conversation"]
         edits = request_edits(self.origin, reply.get("entry", ""), messages, conversation)
         return RequestPrep(conversation, edits, None, template_kwargs=reply["template_kwargs"], tools=reply["tools"])
+
+    def _server_job(self) -> dict:
+        """The server flags a job carries (none: no key, so a flagless job's cache key is what it always was)."""
+        return {"server": dict(self.server_flags)} if self.server_flags else {}
+
+    def cache_kept(self, prompt_len: int, output_ids: list[int], *, require_reasoning: bool,
+                   think_end_ids: list[int], think_start_ids: list[int]) -> dict | None:
+        """How many tokens of a finished request the release keeps in its prefix cache under this column's server
+        flags, by its own code (glue_sglang.cache_kept): {"kept", "where", "line", ...}; None where the release
+        has no such code (vLLM, or a release without the flag)."""
+        if self.name != "sglang" or "strip-thinking-cache" not in self.server_flags:
+            return None
+        job = {"op": "cache_kept", "tokenizer": AddedVocab({}, frozenset()).job(), "prompt_len": prompt_len,
+               "output_ids": list(output_ids), "require_reasoning": require_reasoning,
+               "think_end_ids": list(think_end_ids), "think_start_ids": list(think_start_ids), **self._server_job()}
+        try:
+            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+                                offline=self.offline)
+        except EngineWorkerError as err:
+            raise ExplorerError(f"{self.spec}'s cache code did not answer: {err}") from None
+        result = reply.get("result") or {}
+        if not reply.get("ok"):
+            raise ExplorerError(f"{self.spec}'s cache code failed at {reply.get('where')}: {reply.get('error')}")
+        return None if "unsupported" in result else result
 
     def render_request(self, job: dict, tokenizer: Any = None) -> dict:
         """One request through the release's own request side in its worker (glue_*.py `render`); RenderError in

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -52,9 +53,7 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
                "drop_thinking": call.get("drop_thinking", True), "reasoning_effort": call.get("reasoning_effort")}
     if job.get("renderer") == "deepseek_v32":
         return _v32_reply(reply, prompt, request, encoder, job)
-    from engine.render.deepseek_v4 import DeepSeekV4Renderer
-
-    renderer = DeepSeekV4Renderer(encoder)
+    renderer = _v4_renderer(encoder)
     if job.get("provenance"):
         index, lines = renderer._provenance_of(prompt, request)
         reply["provenance"] = {"message_index": list(index), "source_line": list(lines)}
@@ -74,9 +73,7 @@ def encoder_reply(prompt: str, calls: list[dict], encoder: ModuleType, root: Pat
 
 def _v32_reply(reply: dict, prompt: str, request: dict, encoder: ModuleType, job: dict) -> dict:
     """encoder_reply for DeepSeek V3.2's encoder (engine.render.deepseek_v32)."""
-    from engine.render.deepseek_v32 import DeepSeekV32Encoder
-
-    traced = DeepSeekV32Encoder(encoder)
+    traced = _v32_encoder(encoder)
     if job.get("provenance"):
         try:
             index, lines = traced.provenance(prompt, request)
@@ -91,6 +88,22 @@ def _v32_reply(reply: dict, prompt: str, request: dict, encoder: ModuleType, job
         reply["counterfactual"] = {"prompt": text, "evaluations": [
             [e.construct, e.message, _jsonable(e.before), _jsonable(e.after)] for e in evaluations]}
     return reply
+
+
+@functools.lru_cache(maxsize=4)
+def _v4_renderer(encoder: ModuleType) -> Any:
+    # One per encoder module for the worker's life: its instrumented copy (the encoder's source rewritten, about
+    # 150 ms) is built once, not per request.
+    from engine.render.deepseek_v4 import DeepSeekV4Renderer
+
+    return DeepSeekV4Renderer(encoder)
+
+
+@functools.lru_cache(maxsize=4)
+def _v32_encoder(encoder: ModuleType) -> Any:
+    from engine.render.deepseek_v32 import DeepSeekV32Encoder
+
+    return DeepSeekV32Encoder(encoder)
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,7 +7,9 @@ so the serving code takes its "feature off" branches; what the parse depends on 
 
 from __future__ import annotations
 
+import functools
 import inspect
+from pathlib import Path
 from typing import Any
 
 
@@ -113,3 +115,11 @@ def streamed_message(events: list[str]) -> dict:
                     entry["arguments"] += function.get("arguments") or ""
     return {"reasoning": reasoning or None, "content": content or None,
             "tool_calls": [calls[i] for i in sorted(calls)], "error": None}
+
+
+@functools.lru_cache(maxsize=64)
+def source_entry(function: Any, root: Path) -> str:
+    """file:line of the release's function a request went through (what a cell cites), relative to the release's
+    root. Read from the source once per function: it is asked for every request."""
+    line = inspect.getsourcelines(function)[1]
+    return f"{Path(inspect.getsourcefile(function) or '').relative_to(root)}:{line}"

@@ -54,6 +54,11 @@ FIRST_RELEASE = {"vllm": Version("0.10.0"), "sglang": Version("0.5.1")}
 # release's METADATA allows (fetched like the release, never installed): vLLM's mistral parser takes its token names
 # from mistral_common's SpecialTokens.
 DEPENDENCIES = {"vllm": ("mistral_common",)}
+# Other packages whose releases a column runs from their own code, fetched the same way: a proxy between the client
+# and the engine (engine/serving/proxies/litellm.py). Beside the Python sources they need their data files (the model
+# cost map, the bundled tokenizer cache), PROXY_DATA.
+PROXIES = ("litellm",)
+PROXY_DATA = {"litellm": ("litellm/litellm_core_utils/tokenizers/",)}
 INDEX_MAX_AGE_S = 24 * 3600
 # A version the cached index does not list asks PyPI again only when the index is older than this: a stream of made-up
 # versions (a link, a form) costs PyPI one request an hour, not one each.
@@ -100,7 +105,7 @@ def release_name_problem(engine: str, version: str) -> str | None:
     becomes a path in the cache and a question to PyPI."""
     shown = f"{engine}@{version}"
     shown = repr(shown if len(shown) <= 60 else shown[:59] + "…")
-    if engine not in ENGINES and not any(engine in names for names in DEPENDENCIES.values()):
+    if not _fetchable(engine):
         return f"{shown} is not a release: unknown engine {engine[:40]!r}; known: {', '.join(ENGINES)}"
     if not version:
         return f"{shown} names no version: give one as PyPI lists it, e.g. {engine}@{FIRST_RELEASE.get(engine, '1.0')}"
@@ -116,6 +121,11 @@ def release_name_problem(engine: str, version: str) -> str | None:
     return None
 
 
+def _fetchable(name: str) -> bool:
+    """An engine, a dependency an engine's parsers run, or a proxy: the packages fetched into the cache."""
+    return name in ENGINES or name in PROXIES or any(name in names for names in DEPENDENCIES.values())
+
+
 def check_release_name(engine: str, version: str) -> None:
     """FetchError in one sentence unless engine@version can name a release (release_name_problem)."""
     problem = release_name_problem(engine, version)
@@ -124,7 +134,13 @@ def check_release_name(engine: str, version: str) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DRIFT_ENGINE_CACHE") or Path.home() / ".cache" / "drift-explorer" / "engines")
+    # Asked at every ask of a release (the result cache's key): the Path built once per setting.
+    return _cache_dir(os.environ.get("DRIFT_ENGINE_CACHE"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _cache_dir(configured: str | None, home: str | None) -> Path:
+    return Path(configured or Path.home() / ".cache" / "drift-explorer" / "engines")
 
 
 def _session(retries: int = 2):
@@ -173,7 +189,7 @@ def list_releases(engine: str, *, refresh: bool = False, offline: bool = False,
     JSON API (cached a day).
 
     `offline=True` answers from the cached index only (an empty list when there is none)."""
-    if engine not in ENGINES and not any(engine in names for names in DEPENDENCIES.values()):
+    if not _fetchable(engine):
         raise FetchError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     path = cache_dir() / "index" / f"{engine}.json"
     rows: list[dict] | None = None
@@ -295,6 +311,16 @@ def _metadata(name: str) -> bool:
 def _wanted_with_metadata(name: str) -> bool:
     """A dependency's members: as a release's, plus its METADATA (the package reads its own version from it)."""
     return _wanted(name) or _metadata(name)
+
+
+def _proxy_wanted(package: str) -> Callable[[str], bool]:
+    """A proxy's members: as a dependency's, plus its JSON data and the folders PROXY_DATA names."""
+    folders = PROXY_DATA.get(package, ())
+
+    def wanted(name: str) -> bool:
+        return _wanted_with_metadata(name) or (name.startswith(f"{package}/") and name.endswith(".json")) or \
+            name.startswith(folders)
+    return wanted
 
 
 def _record_hashes(record: str) -> dict[str, str]:
@@ -468,7 +494,7 @@ def fetch_sources(engine: str, version: str, *, offline: bool = False) -> Source
     if offline:
         raise FetchError(f"{spec} is not in the engine cache ({cache_dir()}) and the network is not to be used")
     rel = release(engine, version)
-    wanted = _wanted if engine in ENGINES else _wanted_with_metadata
+    wanted = _wanted if engine in ENGINES else _proxy_wanted(engine) if engine in PROXIES else _wanted_with_metadata
     try:
         members, fetched = _read_by_ranges(rel, wanted)
         method = "range"

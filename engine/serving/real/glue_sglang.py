@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
 
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
@@ -219,6 +219,11 @@ class Glue:
         request = self.protocol.ChatCompletionRequest(
             messages=job["messages"], model="m", tools=tools, tool_choice="auto" if tools else "none",
             chat_template_kwargs=job.get("chat_template_kwargs") or None)
+        # --default-chat-template-kwargs: the server's defaults, which the release's _process_messages fills in under
+        # the request's own (its constructor reads them from the server arguments this process does not have).
+        if hasattr(serving, "default_chat_template_kwargs"):
+            serving.default_chat_template_kwargs = dict(
+                (job.get("server") or {}).get("default-chat-template-kwargs") or {})
         tokenizer.calls.clear()
         if encoder_module is not None:
             from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
@@ -237,11 +242,59 @@ class Glue:
         reply = tokenizer.last_template_call()
         if failure and "error" in reply:
             return {"error": failure}
-        import inspect
+        return {**reply, "entry": source_entry(type(serving)._apply_jinja_template, self.root)}
 
-        method = type(serving)._apply_jinja_template
-        where = Path(inspect.getsourcefile(method) or "").relative_to(self.root)
-        return {**reply, "entry": f"{where}:{inspect.getsourcelines(method)[1]}"}
+
+    def cache_kept(self, job: dict, tokenizer: Any) -> dict:
+        """How many tokens of a finished request the release keeps in its radix cache under the job's server flags
+        (--strip-thinking-cache), by its own code: the Req method that reads the flag and the reasoning-token counter
+        it reads, compiled from schedule_batch.py (a module the worker does not import: the scheduler's GPU code)
+        and run on a request holding the job's prompt length and output ids. The flag read from the server
+        arguments is the job's; `where` is the release's line that reads it."""
+        import ast
+        import inspect
+        import types
+
+        path = self.root / "sglang" / "srt" / "managers" / "schedule_batch.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        req = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Req"), None)
+        methods = {f.name: f for f in (req.body if req else []) if isinstance(f, ast.FunctionDef)}
+        reader = next((f for f in methods.values() if "strip_thinking_cache" in ast.unparse(f)), None)
+        if reader is None:
+            return {"unsupported": f"SGLang {self.version} has no --strip-thinking-cache"}
+        line = next(n.lineno for n in ast.walk(reader) if isinstance(n, ast.Attribute) and
+                    n.attr == "strip_thinking_cache")
+        wanted = [reader, *(methods[n] for n in ("update_reasoning_tokens", "update_self_opened_reasoning_tokens")
+                            if n in methods)]
+        module = ast.Module([ast.ClassDef("Req", [], [], wanted, [])], [])
+        flags = types.SimpleNamespace(strip_thinking_cache=bool((job.get("server") or {}).get("strip-thinking-cache")))
+        namespace: dict[str, Any] = {"get_serving": lambda: flags, "get_server_args": lambda: flags,
+                                     "get_global_server_args": lambda: flags}
+        try:
+            namespace["TokenSequenceMatcher"] = importlib.import_module(
+                "sglang.srt.utils.token_sequence_matcher").TokenSequenceMatcher
+        except (ModuleNotFoundError, AttributeError):
+            pass
+        exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)  # noqa: S102 - the release's
+        request = object.__new__(namespace["Req"])
+        prompt, output = int(job["prompt_len"]), list(job["output_ids"])
+        committed = prompt + len(output)
+        request.__dict__.update(
+            origin_input_ids=[0] * prompt, output_ids=output, output_ids_through_stop=output, finished_len=len(output),
+            kv_committed_len=committed, kv=types.SimpleNamespace(kv_committed_len=committed), reasoning_tokens=0,
+            require_reasoning=bool(job["require_reasoning"]), _is_reasoning_over=False, _think_end_matcher=None,
+            _think_end_match_len=0, _think_start_match_len=0)
+        end_ids = list(job["think_end_ids"])
+        counter = request.update_reasoning_tokens
+        end = end_ids if "think_end_ids" in inspect.signature(counter).parameters else (end_ids or [None])[0]
+        if job["require_reasoning"]:
+            counter(output, end)
+        elif hasattr(request, "update_self_opened_reasoning_tokens") and job.get("think_start_ids"):
+            request.update_self_opened_reasoning_tokens(output, list(job["think_start_ids"]), end)
+        kept = getattr(request, reader.name)()
+        return {"kept": int(kept), "reasoning_tokens": int(request.reasoning_tokens), "method": reader.name,
+                "where": f"sglang/srt/managers/schedule_batch.py:{line}",
+                "line": path.read_text(encoding="utf-8").splitlines()[line - 1].strip()}
 
 
 def _attempt(serving: Any, request: Any) -> str | None:

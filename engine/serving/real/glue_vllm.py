@@ -14,11 +14,15 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, streamed_message
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
 
 SERVING_MODULES = ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat")
 TOOL_MANAGERS = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
 REASONING_MANAGERS = ("vllm.reasoning",)
+# The DeepSeek tokenizer modes that render through an encoder the release bundles: vllm/renderers/<name>.py's class,
+# vllm/tokenizers/<name>.py's get_<name>_tokenizer wrapper, vllm/tokenizers/<name>_encoding.py.
+ENCODER_RENDERERS = {"deepseek_v4": ("deepseek_v4", "DeepseekV4Renderer"),
+                     "deepseek_v32": ("deepseek_v32", "DeepseekV32Renderer")}
 
 
 def model_config(model_type: str) -> Permissive:
@@ -207,7 +211,8 @@ class Glue:
         """What the release makes of one chat request before the model sees it, through its own code: the protocol's
         validation, then the renderer this release uses for the model (`job["renderer"]`):
           - "harmony": OnlineRenderer._make_request_with_harmony (the prompt ids, decoded);
-          - "deepseek_v4": DeepseekV4Renderer.render_messages over the bundled encoder (the prompt text);
+          - "deepseek_v4" / "deepseek_v32": the tokenizer mode's renderer (DeepseekV4Renderer, DeepseekV32Renderer)
+            .render_messages over the bundled encoder (the prompt text);
           - "jinja": HfRenderer.render_messages up to the tokenizer's apply_chat_template, whose arguments are
             returned (the conversation after parse_chat_messages, tools and the template kwargs it resolved), for
             the explorer to render with the model's template.
@@ -236,34 +241,40 @@ class Glue:
         params = call_with(request.build_chat_params, {"default_template": job.get("chat_template"),
                                                        "default_template_content_format": "auto",
                                                        "reasoning_effort_map": {}})
+        server_defaults = (job.get("server") or {}).get("default-chat-template-kwargs")
+        if server_defaults and hasattr(params, "with_defaults"):
+            # --default-chat-template-kwargs, as the release's online renderer applies them (renderers/
+            # online_renderer.py: build_chat_params(...).with_defaults(default_template_kwargs))
+            params = params.with_defaults(server_defaults)
         if hasattr(params, "with_defaults"):
             merge = getattr(params_module, "merge_kwargs", None)
             params = params.with_defaults(merge(None, defaults) if merge else defaults)
-        if job["renderer"] == "deepseek_v4":
+        if job["renderer"] in ENCODER_RENDERERS:
             from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
 
-            module = importlib.import_module("vllm.renderers.deepseek_v4")
-            tokenizer_module = importlib.import_module("vllm.tokenizers.deepseek_v4")
-            renderer = object.__new__(module.DeepseekV4Renderer)
-            renderer.model_config = config
-            renderer.tokenizer = tokenizer_module.get_deepseek_v4_tokenizer(tokenizer)
+            name, renderer_class = ENCODER_RENDERERS[job["renderer"]]
+            module = importlib.import_module(f"vllm.renderers.{name}")
+            tokenizer_module = importlib.import_module(f"vllm.tokenizers.{name}")
+            # The tokenizer mode's wrapper: its apply_chat_template calls the bundled encoder.
+            renderer = _renderer(getattr(module, renderer_class), config,
+                                 getattr(tokenizer_module, f"get_{name}_tokenizer")(tokenizer))
             with recorded_calls(tokenizer_module, "encode_messages") as calls:
                 _, prompt = renderer.render_messages(request.messages, params)
-            encoder = importlib.import_module("vllm.tokenizers.deepseek_v4_encoding")
+            encoder = importlib.import_module(f"vllm.tokenizers.{name}_encoding")
             return encoder_reply(prompt["prompt"], calls, encoder, self.root, job)
         _real_template_parser(renderer_module)
         tokenizer.chat_template = job.get("chat_template")
-        renderer = _hf_renderer(renderer_module.HfRenderer, config, tokenizer)
+        renderer = _renderer(renderer_module.HfRenderer, config, tokenizer)
         tokenizer.calls.clear()
         renderer.render_messages(request.messages, params)
-        entry = _entry(renderer_module.HfRenderer.render_messages, self.root)
+        entry = source_entry(renderer_module.HfRenderer.render_messages, self.root)
         return {**tokenizer.last_template_call(), "entry": entry}
 
 
-def _hf_renderer(renderer_class: type, config: Any, tokenizer: Any) -> Any:
-    """The release's HfRenderer with what its __init__ sets, but the tokenizer it would load: from 0.17 it keeps
-    `model_config` and `tokenizer`; 0.15-0.16 keep the model config as `config` and the tokenizer as `_tokenizer`,
-    behind a read-only `tokenizer` property."""
+def _renderer(renderer_class: type, config: Any, tokenizer: Any) -> Any:
+    """The release's renderer (HfRenderer, a DeepSeek tokenizer mode's) with what its __init__ sets, but the tokenizer
+    it would load: from 0.17 it keeps `model_config` and `tokenizer`; 0.15-0.16 keep the model config as `config` and
+    the tokenizer as `_tokenizer`, behind a read-only `tokenizer` property."""
     renderer = object.__new__(renderer_class)
     renderer.use_unified_vision_chunk = False
     if isinstance(inspect.getattr_static(renderer_class, "tokenizer", None), property):
@@ -271,12 +282,6 @@ def _hf_renderer(renderer_class: type, config: Any, tokenizer: Any) -> Any:
     else:
         renderer.model_config, renderer.tokenizer = config, tokenizer
     return renderer
-
-
-def _entry(function: Any, root: Path) -> str:
-    """file:line of the release's function the request went through (what the cell cites)."""
-    lines = inspect.getsourcelines(function)[1]
-    return f"{Path(inspect.getsourcefile(function) or '').relative_to(root)}:{lines}"
 
 
 def _real_template_parser(hf_module: Any) -> None:

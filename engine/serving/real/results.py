@@ -65,9 +65,18 @@ class ReleaseFingerprint:
     dependencies: tuple[str, ...]  # name@version of each dependency run for real
 
     def key(self, job: dict) -> str:
-        return hashlib.sha256(_canonical({"release": self.spec, "wheel": self.wheel_sha256,
-                                          "dependencies": list(self.dependencies), "glue": glue_fingerprint(),
-                                          "job": job})).hexdigest()
+        # The sha256 of _canonical({"release", "wheel", "dependencies", "glue", "job": job}): the part before the
+        # job is hashed once per fingerprint, then only the job's bytes per ask.
+        digest = _head_digest(self).copy()
+        digest.update(_canonical(job) + b"}")
+        return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _head_digest(fingerprint: ReleaseFingerprint) -> Any:
+    head = _canonical({"release": fingerprint.spec, "wheel": fingerprint.wheel_sha256,
+                       "dependencies": list(fingerprint.dependencies), "glue": glue_fingerprint()})
+    return hashlib.sha256(head[:-1] + b',"job":')
 
 
 def release_fingerprint(spec: str, dependencies: fetch.Dependencies) -> ReleaseFingerprint | None:
@@ -164,8 +173,9 @@ _CACHES_LOCK = threading.Lock()
 
 
 def result_cache() -> ResultCache:
-    """The cache under the current engine cache folder (one per folder: tests point DRIFT_ENGINE_CACHE elsewhere)."""
-    folder = fetch.cache_dir() / "results"
+    """The cache under the current engine cache folder (one per folder: tests point DRIFT_ENGINE_CACHE elsewhere), or
+    in DRIFT_RESULT_CACHE_DIR (the bench's cold run: an empty cache beside the cached sources)."""
+    folder = Path(os.environ.get("DRIFT_RESULT_CACHE_DIR") or fetch.cache_dir() / "results")
     with _CACHES_LOCK:
         cache = _CACHES.get(folder)
         if cache is None:

@@ -14,6 +14,7 @@ backend traces by default only where it is cheap (RealEngine.traces_cheaply).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import deque
 from pathlib import Path
@@ -123,7 +124,8 @@ class Tracer:
         sys.settrace(None)
 
     def report(self, root: Path) -> dict:
-        def rel(path: str) -> str:
+        @functools.cache
+        def rel(path: str) -> str:  # thousands of executed lines in a few dozen files: each file's path made once
             return str(Path(path).relative_to(root))
 
         lines: dict[str, list[int]] = {}

@@ -174,6 +174,8 @@ class Worker:
             return self.parse(request)
         if op == "render":
             return self.run_job(request, self.glue.render)
+        if op == "cache_kept" and hasattr(self.glue, "cache_kept"):  # a server flag that shapes the prefix cache
+            return self.run_job(request, self.glue.cache_kept)
         if op == "network_check":  # the sandbox's own check: can this process open a connection to PyPI?
             import socket
 

@@ -1,0 +1,239 @@
+"""LiteLLM between the client and a vLLM server (`vllm+litellm`, `vllm+litellm@1.104.9`): the release's own code for
+its `hosted_vllm` provider, run offline in a sandboxed worker (litellm_worker.py).
+
+LiteLLM is a heavy package (about 3,200 modules on import, with boto3, aiohttp and a 44 MB native extension among its
+requirements): it is not installed. Its wheel's Python sources, JSON data and bundled tokenizer cache are fetched by
+range reads into the engine cache (engine.serving.real.fetch, about 19 MB read for 1.110.2, checked against the
+wheel's RECORD), and one worker per release imports them with what is not installed here stubbed (measured here:
+about 6 s to import idle, 13-20 s beside other work, then 30-40 ms a call). Each answer is kept in the engine cache's
+result store (engine.serving.real.results) under the release's wheel sha256, the worker's source and the job, so a
+warm run starts no worker.
+
+PINNED is the newest release when this was written; 1.100.0-1.104.9 dropped every assistant message's
+reasoning_content on its way to vLLM (litellm/llms/hosted_vllm/chat/transformation.py `_transform_messages`), 1.105.0
+on keeps a string one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edits
+from engine.types import Edit, Location
+
+PINNED = "1.110.2"
+STRIPPING = "1.104.9"  # the last release whose hosted_vllm drops every assistant message's reasoning_content
+ROOT = Path(__file__).resolve().parents[3]
+WORKER_MEMORY_MB = int(os.environ.get("DRIFT_PROXY_MEMORY_MB", 3072))
+WORKER_STARTUP_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_STARTUP_TIMEOUT_S", 240))
+WORKER_CALL_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_CALL_TIMEOUT_S", 60))
+
+
+class _Worker:
+    """One sandboxed worker process for one LiteLLM release."""
+
+    def __init__(self, version: str, root: Path) -> None:
+        self.version, self.root = version, root
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.replies: Any = None
+        self.hello: dict = {}
+        self.start_s = 0.0
+
+    def start(self) -> None:
+        from engine.serving.real.backend import network_isolation
+        from engine.serving.real.fetch import cache_dir
+
+        started = time.perf_counter()
+        read_fd, write_fd = os.pipe()
+        pycache = cache_dir() / "pycache" / f"litellm@{self.version}"
+        pycache.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT), "DRIFT_REPLY_FD": str(write_fd),
+               "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+               "LITELLM_LOG": "ERROR", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        memory = WORKER_MEMORY_MB * 1024 * 1024
+
+        def bound() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        argv = [*network_isolation(), sys.executable, "-m", "engine.serving.proxies.litellm_worker", str(self.root)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
+        self.hello = self._read(WORKER_STARTUP_TIMEOUT_S, "start")
+        self.start_s = time.perf_counter() - started
+        if not self.hello.get("ok"):
+            self.stop()
+            raise LayerUnavailable(f"LiteLLM {self.version} does not load here: {self.hello.get('error')}")
+
+    def _read(self, timeout_s: float, what: str) -> dict:
+        ready, _, _ = select.select([self.replies], [], [], timeout_s)
+        line = self.replies.readline() if ready else None
+        if not line:
+            code = self.stop()
+            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
+                f"exited during {what} (status {code}; memory limit {WORKER_MEMORY_MB} MB)"
+            raise LayerUnavailable(f"the LiteLLM {self.version} worker {reason}")
+        return json.loads(line)
+
+    def ask(self, job: dict) -> dict:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.start()
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            return self._read(WORKER_CALL_TIMEOUT_S, job["op"])
+
+    def stop(self) -> int | None:
+        proc, self.proc = self.proc, None
+        if self.replies is not None:
+            self.replies.close()
+            self.replies = None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        return proc.wait()
+
+
+_WORKERS: dict[str, _Worker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def stop_workers() -> None:
+    with _WORKERS_LOCK:
+        while _WORKERS:
+            _WORKERS.popitem()[1].stop()
+
+
+def _sources(version: str) -> Path:
+    from engine.serving.real import fetch
+
+    try:
+        return fetch.fetch_sources("litellm", version).root
+    except fetch.FetchError as err:
+        raise LayerUnavailable(f"LiteLLM {version} is not here: {err}") from None
+    except Exception as err:  # noqa: BLE001 - the network or PyPI failed
+        raise LayerUnavailable(f"LiteLLM {version} could not be fetched ({type(err).__name__})") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _source_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+
+
+def _worker_source_sha256() -> str:
+    return hashlib.sha256((Path(__file__).parent / "litellm_worker.py").read_bytes()).hexdigest()
+
+
+class LiteLLMProxy:
+    """LiteLLM's hosted_vllm provider at one release, as a column's proxy (engine.serving.layers.Proxy)."""
+
+    def __init__(self, version: str | None, model_name: str = "model") -> None:
+        from engine.serving.real.fetch import release_name_problem
+
+        problem = release_name_problem("litellm", version) if version else None
+        if problem is not None:
+            raise LayerUnavailable(problem)
+        self.version = version or PINNED
+        self.name = f"litellm@{version}" if version else "litellm"
+        self.model_name = model_name
+        self.root = _sources(self.version)
+
+    @property
+    def label(self) -> str:
+        return f"LiteLLM {self.version} hosted_vllm (proxy)"
+
+    @property
+    def origin(self) -> str:
+        return f"litellm {self.version}"
+
+    def _ask(self, job: dict) -> dict:
+        from engine.serving.real import fetch
+        from engine.serving.real.results import persisted_results_enabled, result_cache
+
+        spec = f"litellm@{self.version}"
+        cache = result_cache() if persisted_results_enabled() else None
+        key = hashlib.sha256(json.dumps({"release": spec, "wheel": fetch.cached_wheel_sha256(spec),
+                                         "worker": _worker_source_sha256(), "python": sys.version, "job": job},
+                                        ensure_ascii=True, separators=(",", ":")).encode()).hexdigest()
+        reply = cache.get(spec, key) if cache is not None else None
+        if reply is not None:
+            return reply
+        with _WORKERS_LOCK:
+            worker = _WORKERS.get(self.version)
+            if worker is None:
+                worker = _WORKERS[self.version] = _Worker(self.version, self.root)
+        reply = worker.ask(job)
+        if not reply.get("ok"):
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            raise LayerUnavailable(f"LiteLLM {self.version} refuses the request{where}: {reply.get('error')}")
+        if cache is not None:
+            cache.put(spec, key, reply)
+        return reply
+
+    def _location(self, lines: list[list], field: str) -> Location:
+        """The executed line of the provider's code that changes `field` (its `message.pop("reasoning_content",
+        None)`, say), else one that names it, else the first executed line of the hosted_vllm provider."""
+        found: dict[int, Location] = {}
+        for path, line in lines:
+            try:
+                text = _source_lines(self.root / path)[line - 1]
+            except IndexError:
+                continue
+            here = Location(self.origin, path, line, text=text.strip())
+            named = f'"{field}"' in text or f"'{field}'" in text
+            if named and any(word in text for word in (".pop(", "del ", "] =", "[" + repr(field) + "] =")):
+                return here
+            if named:
+                found.setdefault(1, here)
+            if "hosted_vllm" in path:
+                found.setdefault(2, here)
+        return found.get(1) or found.get(2) or Location(self.origin, "litellm/main.py", 0, text="litellm.completion")
+
+    def _located(self, edits: tuple[Edit, ...], lines: list[list]) -> tuple[Edit, ...]:
+        located = []
+        for edit in edits:
+            field = edit.before.rpartition(".")[2].partition("=")[0] or edit.step
+            located.append(Edit(edit.step, edit.before, edit.after, self._location(lines, field), edit.description))
+        return tuple(located)
+
+    def request(self, messages: list[dict], tools: list[dict] | None) -> Forwarded:
+        reply = self._ask({"op": "request", "model": self.model_name, "messages": messages, "tools": tools})
+        sent = reply["sent"]
+        forwarded = sent.get("messages") or []
+        placeholder = Location(self.origin, "litellm/main.py", 0)
+        edits = message_edits(f"LiteLLM {self.version}", placeholder, messages, forwarded)
+        sent_tools = sent.get("tools")
+        if tools and sent_tools != tools:
+            edits += (Edit("tools_changed", json.dumps(tools)[:200], json.dumps(sent_tools)[:200], placeholder,
+                           f"LiteLLM {self.version} forwards the tools otherwise (the template renders them)"),)
+        return Forwarded(forwarded, sent_tools if tools else tools, self._located(edits, reply["lines"]))
+
+    def response(self, message: dict) -> tuple[dict, tuple[Edit, ...]]:
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        body = {"id": "chatcmpl-drift", "object": "chat.completion", "created": 0, "model": self.model_name,
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        reply = self._ask({"op": "response", "model": self.model_name, "reply": body})
+        got = {k: v for k, v in reply["message"].items() if v is not None and k != "provider_specific_fields"}
+        kept = {k: v for k, v in message.items() if v is not None}
+        edits = message_edits(f"LiteLLM {self.version}", Location(self.origin, "litellm/main.py", 0), [kept], [got],
+                              direction="response")
+        return got, self._located(edits, reply["lines"])
