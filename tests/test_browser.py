@@ -142,7 +142,8 @@ def test_a_shared_page_link_is_the_first_request_of_a_fresh_server(tmp_path) -> 
         navigation = tab.locator("[data-testid='stSidebarNav']")
         navigation.get_by_text("Template zoo").wait_for(timeout=120_000)
         names = [link.inner_text().split("\n")[-1] for link in navigation.locator("a").all()]  # after its icon
-        assert names == ["Drift matrix", "Custom templates", "Agent session", "Your traffic", "Template zoo"]
+        assert names == ["Drift matrix", "Custom templates", "Agent session", "Your traffic", "Live watch",
+                         "Template zoo"]
         assert re.fullmatch(rf"{re.escape(url)}/zoo\?workspace=[A-Za-z0-9_-]{{22}}", tab.url)  # and a key of its own
         browser.close()
 

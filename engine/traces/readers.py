@@ -79,8 +79,10 @@ def _int_list(value: Any) -> bool:
 
 
 # One int object per distinct token id: a JSON parser makes a new one (28 bytes) for every id it reads, and the
-# sequences a long analysis keeps would hold millions; shared, each id costs the tuple's 8-byte slot.
+# sequences a long analysis keeps would hold millions; shared, each id costs the tuple's 8-byte slot. Bounded (about
+# 10 MB): a vocabulary's frequent ids come first; past the bound an id is shared only if it is already there.
 _ID_OBJECTS: dict[int, int] = {}
+_ID_OBJECTS_MAX = 1 << 17
 
 
 def _ids(value: Any, name: str, where: str, field: str, hint: str = "") -> tuple[int, ...]:
@@ -88,7 +90,9 @@ def _ids(value: Any, name: str, where: str, field: str, hint: str = "") -> tuple
         raise _fail(name, where, f"{field} was cut short (a \"...\" in the list){hint}")
     if not _int_list(value):
         raise _fail(name, where, f"{field} is not a list of token ids (got {type(value).__name__})")
-    return tuple(map(_ID_OBJECTS.setdefault, value, value))
+    if len(_ID_OBJECTS) < _ID_OBJECTS_MAX:
+        return tuple(map(_ID_OBJECTS.setdefault, value, value))
+    return tuple(map(_ID_OBJECTS.get, value, value))
 
 
 def _json_line(name: str, line_no: int, text: str) -> Any:
