@@ -307,7 +307,8 @@ def _report(report: TraceReport, model: LoadedModel) -> None:
     rows = event.selection.rows if event and event.selection else []
     default = next((n for n, s in enumerate(report.sessions, start=1) if s.breaks), 1)
     session = rows[0] + 1 if rows else default
-    st.markdown(f"**Session {session}** ({report.sessions[session - 1].key}): select a request that breaks.")
+    replayed = f", breaks replayed through {report.engine}" if report.engine else ""
+    st.markdown(f"**Session {session}** ({report.sessions[session - 1].key}{replayed}): select a request that breaks.")
     st.plotly_chart(_chart(report, session), width="stretch", key=f"traffic:chart:{session}")
     picked = st.dataframe(_requests_table(report, session), hide_index=True, on_select="rerun",
                           selection_mode="single-row", key=f"traffic:requests:{session}")

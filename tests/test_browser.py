@@ -383,7 +383,8 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     assert "(sglang-log, 11 requests, 5 session(s))" in stored.inner_text()
     page.get_by_role("combobox").nth(2).click()  # the engine that served it
     page.get_by_role("option", name="sglang@0.5.23").click()
-    page.get_by_text("Session 2 (conversation-2)").wait_for()
+    # The report of that engine, not the previous run's table: a click during the rerun can land on the old grid.
+    page.get_by_text("Session 2 (conversation-2, breaks replayed through sglang@0.5.23)").wait_for()
     grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
     grid.scroll_into_view_if_needed()
     box = grid.bounding_box()
@@ -393,7 +394,11 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     page.mouse.down()
     page.mouse.up()
     cause = page.get_by_text("Cause: template", exact=True)
-    cause.wait_for()
+    try:
+        cause.wait_for()
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(SHOTS / "traffic-no-cause.png"), full_page=True)
+        raise
     page.locator("tr.first").first.wait_for()  # the break view's first differing token row
     assert "<tool_call>" in page.locator("tr.first").first.inner_text()
     cause.scroll_into_view_if_needed()
