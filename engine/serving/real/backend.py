@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
 import os
 import re
@@ -89,9 +90,11 @@ class Worker:
         self.replies = None
         self.hello: dict = {}
         self.start_s = 0.0
+        self.vocabs_sent: set[str] = set()  # the vocabularies this process holds (AddedVocab.reference)
 
     def start(self) -> None:
         started = time.perf_counter()
+        self.vocabs_sent = set()
         read_fd, write_fd = os.pipe()
         pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
@@ -131,11 +134,16 @@ class Worker:
             raise EngineWorkerError(f"the {self.engine}@{self.version} worker {reason}")
         return json.loads(line)
 
-    def ask(self, request: dict, timeout_s: float) -> dict:
+    def ask(self, request: dict, timeout_s: float, vocab: AddedVocab | None = None) -> dict:
+        """`vocab`: the vocabulary `request["tokenizer"]` references, sent along the first time this process is
+        asked with it (tens of KB a job otherwise, written, hashed and read again per parse and render)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
             assert self.proc is not None and self.proc.stdin is not None
+            if vocab is not None and vocab.digest not in self.vocabs_sent:
+                request = {**request, "vocab": vocab.job()}
+                self.vocabs_sent.add(vocab.digest)
             # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
@@ -203,11 +211,12 @@ def _deterministic(reply: dict) -> bool:
     return "where" in reply and not str(reply.get("error", "")).startswith(("MemoryError", "RecursionError"))
 
 
-def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False) -> dict:
-    """The release's answer to `job`: from the result cache when this release, its glue and its dependencies answered
-    the same job before (engine/serving/real/results.py), else from its worker (started when needed), kept when the
-    release answered or refused (`_deterministic`). A worker that cannot start or answer raises EngineWorkerError,
-    and nothing is kept."""
+def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False,
+                vocab: AddedVocab | None = None) -> dict:
+    """The release's answer to `job` (whose "tokenizer" is `vocab.reference()`): from the result cache when this
+    release, its glue and its dependencies answered the same job before (engine/serving/real/results.py), else from
+    its worker (started when needed), kept when the release answered or refused (`_deterministic`). A worker that
+    cannot start or answer raises EngineWorkerError, and nothing is kept."""
     spec = f"{engine}@{version}"
     cache = result_cache() if persisted_results_enabled() else None
 
@@ -220,7 +229,7 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
         reply = cache.get(spec, key)
         if reply is not None:
             return reply
-    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
+    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s, vocab)
     if cache is not None and _deterministic(reply):
         key = key or key_of_job()  # the sources may have been fetched just now
         if key is not None:
@@ -286,6 +295,15 @@ class AddedVocab:
 
     def job(self) -> dict:
         return {"added": self.ids, "special": sorted(self.special), "tokenizer_json": self.tokenizer_json}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.job(), sort_keys=True).encode()).hexdigest()
+
+    def reference(self) -> dict:
+        """What a job carries for this vocabulary: its sha256 (the worker is sent the vocabulary itself once, and
+        the result cache's key covers it through the hash)."""
+        return {"sha256": self.digest}
 
     def chunks(self, text: str) -> list[str]:
         """The text split at added tokens: each one alone (one id), the text between one piece each."""
@@ -532,11 +550,11 @@ class RealEngine(EngineEmulation):
                "token_ids": list(_harmony_ids(text)) if harmony else None, "harmony": harmony,
                "reasoning_parser": reasoning_parser, "tool_parser": tool_parser, "tools": tools or None,
                "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,
-               "tokenizer": vocab.job(), "model_type": "gpt_oss" if harmony else "generic",
+               "tokenizer": vocab.reference(), "model_type": "gpt_oss" if harmony else "generic",
                "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:
             return ParseResult(None, None, error=str(err))
         if not reply.get("ok"):
@@ -622,12 +640,13 @@ class RealEngine(EngineEmulation):
         has no such code (vLLM, or a release without the flag)."""
         if self.name != "sglang" or "strip-thinking-cache" not in self.server_flags:
             return None
-        job = {"op": "cache_kept", "tokenizer": AddedVocab({}, frozenset()).job(), "prompt_len": prompt_len,
+        vocab = AddedVocab({}, frozenset())
+        job = {"op": "cache_kept", "tokenizer": vocab.reference(), "prompt_len": prompt_len,
                "output_ids": list(output_ids), "require_reasoning": require_reasoning,
                "think_end_ids": list(think_end_ids), "think_start_ids": list(think_start_ids), **self._server_job()}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:
             raise ExplorerError(f"{self.spec}'s cache code did not answer: {err}") from None
         result = reply.get("result") or {}
@@ -638,11 +657,11 @@ class RealEngine(EngineEmulation):
     def render_request(self, job: dict, tokenizer: Any = None) -> dict:
         """One request through the release's own request side in its worker (glue_*.py `render`); RenderError in
         one sentence, naming the release's file and line, when its code refuses the request."""
-        vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
-        job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
+        vocab = (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) or AddedVocab({}, frozenset())
+        job = {"op": "render", "tokenizer": vocab.reference(), **job}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:  # hung or died: this request's error, as a parse's is (the next one restarts)
             raise RenderError(f"{self.spec}'s request side did not answer: {err}") from None
         result = reply.get("result") or {}
