@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,11 +91,18 @@ class Worker:
         self.replies = None
         self.hello: dict = {}
         self.start_s = 0.0
+        self._spawned_at = 0.0
         self.vocabs_sent: set[str] = set()  # the vocabularies this process holds (AddedVocab.reference)
 
     def start(self) -> None:
-        started = time.perf_counter()
+        self.spawn()
+        self._await_hello()
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to load the release (`_await_hello` does, at the first ask)."""
+        self._spawned_at = time.perf_counter()
         self.vocabs_sent = set()
+        self.hello = {}
         read_fd, write_fd = os.pipe()
         pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
@@ -116,8 +124,10 @@ class Worker:
                                      env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
         os.close(write_fd)
         self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
+
+    def _await_hello(self) -> None:
         self.hello = self._read(self.limits.startup_timeout_s, "start")
-        self.start_s = time.perf_counter() - started
+        self.start_s = time.perf_counter() - self._spawned_at
         if not self.hello.get("ok"):
             error = self.hello.get("error")
             self.stop()
@@ -138,7 +148,11 @@ class Worker:
         """`vocab`: the vocabulary `request["tokenizer"]` references, sent along the first time this process is
         asked with it (tens of KB a job otherwise, written, hashed and read again per parse and render)."""
         with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None:
+                self.start()
+            elif not self.hello:  # spawned ahead (spawn_workers): its imports ran while the caller worked
+                self._await_hello()
+            elif self.proc.poll() is not None:
                 self.start()
             assert self.proc is not None and self.proc.stdin is not None
             if vocab is not None and vocab.digest not in self.vocabs_sent:
@@ -201,6 +215,28 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
             _, oldest = _WORKERS.popitem(last=False)
             oldest.stop()
     return worker
+
+
+def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
+    """Start the workers of these (engine, version) releases without waiting for them: a release's imports take about
+    a second, which then run beside the caller's own work (the matrix's templates and tokenizers) instead of before
+    its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask)."""
+    limits = WorkerLimits.from_env()
+    for engine, version in releases:
+        spec = f"{engine}@{version}"
+        with _WORKERS_LOCK:
+            if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
+                continue
+        sources = fetch.cached_sources(spec)
+        if sources is None:
+            continue
+        worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=True))
+        worker.spawn()
+        with _WORKERS_LOCK:
+            if spec in _WORKERS:  # another thread started one meanwhile
+                worker.stop()
+            else:
+                _WORKERS[spec] = worker
 
 
 def _deterministic(reply: dict) -> bool:
