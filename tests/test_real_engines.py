@@ -105,7 +105,8 @@ def test_vllm_timeline_bisects_the_glm_reasoning_change():
 
 def test_worker_is_sandboxed_and_reports_its_stubs():
     need("sglang@0.5.5")
-    from engine.serving.real.backend import network_isolation, worker_for
+    from engine.serving.real.backend import worker_for
+    from engine.serving.real.process import network_isolation
 
     worker = worker_for("sglang", "0.5.5")
     assert "torch" in worker.hello["stubbed_roots"] and "libtpu" not in worker.hello["stubbed_roots"]

@@ -20,13 +20,7 @@ import atexit
 import functools
 import hashlib
 import json
-import os
 import re
-import resource
-import select
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -38,10 +32,10 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.serving.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
+from engine.serving.real.process import ROOT, JsonLineProcess
 from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
-ROOT = Path(__file__).resolve().parents[3]
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
 RECIPE_PARSERS = frozenset({"deepseekv4", "deepseek-v4", "deepseekv41", "deepseek-v41"})
 
@@ -65,84 +59,49 @@ class EngineWorkerError(ExplorerError):
     """The worker of a release could not start or answer; one sentence."""
 
 
-@functools.cache
-def network_isolation() -> list[str]:
-    """The command prefix that takes the worker off the network: `unshare -rn` (a new user and network namespace
-    holding only a loopback device) when this kernel allows unprivileged namespaces, else none."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return []
-    try:
-        ok = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return [unshare, "-rn"] if ok else []
-
-
-class Worker:
+class Worker(JsonLineProcess):
     """One sandboxed worker process for one release."""
 
     def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits,
                  dependencies: fetch.Dependencies | None = None) -> None:
+        super().__init__(f"{engine}@{version}", limits.memory_mb, EngineWorkerError)
         self.engine, self.version, self.root, self.limits = engine, version, root, limits
         self.dependencies = dependencies or fetch.Dependencies({}, {})
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.replies = None
         self.hello: dict = {}
         self.start_s = 0.0
         self._spawned_at = 0.0
         self.vocabs_sent: set[str] = set()  # the vocabularies this process holds (AddedVocab.reference)
 
     def start(self) -> None:
-        self.spawn()
+        self.spawn_release()
         self._await_hello()
 
-    def spawn(self) -> None:
+    def spawn_release(self) -> None:
         """Start the process without waiting for it to load the release (`_await_hello` does, at the first ask)."""
         self._spawned_at = time.perf_counter()
         self.vocabs_sent = set()
         self.hello = {}
-        read_fd, write_fd = os.pipe()
         pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT), "DRIFT_REPLY_FD": str(write_fd),
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT),
                "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
         from engine.render.harmony_encoding import o200k_base_path
 
         env["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_base_path().parent)
-        memory = self.limits.memory_mb * 1024 * 1024
-
-        def bound() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-        argv = [*network_isolation(), sys.executable, "-m", "engine.serving.real.worker", self.engine, self.version,
-                str(self.root), *(f"{name}={src.root}" for name, src in sorted(self.dependencies.real.items()))]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
-        os.close(write_fd)
-        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
+        self.spawn("engine.serving.real.worker", [self.engine, self.version, str(self.root),
+                                                  *(f"{name}={src.root}" for name, src in
+                                                    sorted(self.dependencies.real.items()))], env, pycache)
 
     def _await_hello(self) -> None:
-        self.hello = self._read(self.limits.startup_timeout_s, "start")
+        self.hello = self.read(self.limits.startup_timeout_s, "start")
         self.start_s = time.perf_counter() - self._spawned_at
         if not self.hello.get("ok"):
             error = self.hello.get("error")
             self.stop()
             raise EngineWorkerError(f"{self.engine}@{self.version} does not load here: {error}")
-
-    def _read(self, timeout_s: float, what: str) -> dict:
-        assert self.replies is not None
-        ready, _, _ = select.select([self.replies], [], [], timeout_s)
-        line = self.replies.readline() if ready else None
-        if not line:
-            code = self.stop()
-            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
-                f"exited during {what} (status {code}; memory limit {self.limits.memory_mb} MB)"
-            raise EngineWorkerError(f"the {self.engine}@{self.version} worker {reason}")
-        return json.loads(line)
 
     def ask(self, request: dict, timeout_s: float, vocab: AddedVocab | None = None) -> dict:
         """`vocab`: the vocabulary `request["tokenizer"]` references, sent along the first time this process is
@@ -154,30 +113,16 @@ class Worker:
                 self._await_hello()
             elif self.proc.poll() is not None:
                 self.start()
-            assert self.proc is not None and self.proc.stdin is not None
             if vocab is not None and vocab.digest not in self.vocabs_sent:
                 request = {**request, "vocab": vocab.job()}
                 self.vocabs_sent.add(vocab.digest)
-            # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            return self._read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
+            self.send(request)
+            return self.read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
 
     def stubbed_dependencies(self) -> str:
         """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
         return "".join(f" ({name} is stubbed in this worker: {why})"
                        for name, why in sorted(self.dependencies.stubbed.items()))
-
-    def stop(self) -> int | None:
-        proc, self.proc = self.proc, None
-        if self.replies is not None:
-            self.replies.close()
-            self.replies = None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.kill()
-        return proc.wait()
 
 
 # What a request asks of the worker, as the sentence of a worker that did not answer it says it ("did not parse").
@@ -231,7 +176,7 @@ def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
         if sources is None:
             continue
         worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=True))
-        worker.spawn()
+        worker.spawn_release()
         with _WORKERS_LOCK:
             if spec in _WORKERS:  # another thread started one meanwhile
                 worker.stop()
