@@ -339,14 +339,24 @@ class _Zygote:
             try:
                 if self.proc is None or self.proc.poll() is not None:
                     self._start()
+            except (OSError, _Timeout, _WorkerGone):
+                self._stop()
+                self.broken = True  # it cannot start here: this process's workers start as plain processes
+                return None
+            try:
                 assert self.proc is not None
                 if memory_mb * 1024 * 1024 < _address_space(self.proc.pid) + (64 << 20):
                     return None  # a limit below what the imports take: a plain worker says it cannot start
                 return self._fork(memory_mb)
             except (OSError, _Timeout, _WorkerGone, struct.error):
-                self._stop()
-                self.broken = True  # this process's workers start as plain processes from now on
+                self._stop()  # this worker starts as a plain process; the next one asks a fresh zygote
                 return None
+
+    def forget(self) -> None:
+        """In a child forked from this process: the zygote and its socket are the parent's, never this one's."""
+        if self.sock is not None:
+            self.sock.close()  # this process's copy only
+        self.proc, self.sock, self.lock = None, None, threading.Lock()
 
     def _start(self) -> None:
         self._stop()
@@ -400,6 +410,7 @@ class _Zygote:
 
 
 _ZYGOTE = _Zygote()
+os.register_at_fork(after_in_child=_ZYGOTE.forget)
 # Render workers by (memory limit, template key): each template renders in a worker of its own, so a slow template
 # never queues another's renders. At most `max_workers` are kept (least recently used idle ones are stopped) and one
 # spare per memory limit is started ahead, so a template seen for the first time does not wait for a process start.
