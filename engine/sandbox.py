@@ -372,7 +372,11 @@ class _Zygote:
         finally:
             theirs.close()
         self.sock = ours
-        if self._read(1, RenderLimits.from_env().startup_timeout_s) != b"R":
+        try:
+            startup_timeout_s = RenderLimits.from_env().startup_timeout_s
+        except ExplorerError:  # a malformed DRIFT_RENDER_* is the render's to report, not the zygote's
+            startup_timeout_s = RenderLimits().startup_timeout_s
+        if self._read(1, startup_timeout_s) != b"R":
             raise _WorkerGone()
 
     def _fork(self, memory_mb: int) -> _ForkedProcess:
@@ -784,11 +788,11 @@ def _zygote_main() -> None:
         if len(message) != 4 or len(fds) != 2:
             return  # the caller closed the socket (or is not speaking this protocol)
         (memory_mb,) = struct.unpack(">I", message)
-        # One thread here (a raw clone copies only the calling one; no lock can be held by another): the child
-        # returns from the same call with 0.
+        # Only when this process has one thread, native ones counted (a raw clone copies only the calling thread, so
+        # no lock may be held by another): the child returns from the same call with 0.
         zero = ctypes.c_long(0)
         pid = clone(ctypes.c_long(number), ctypes.c_long(_CLONE_PARENT | signal.SIGCHLD), zero, zero, zero, zero) \
-            if threading.active_count() == 1 else -1
+            if len(os.listdir("/proc/self/task")) == 1 else -1
         if pid == 0:
             try:
                 sock.close()
