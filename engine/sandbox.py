@@ -20,7 +20,8 @@ limit is not rendered again: the next render of it raises the same limit at once
 
 After any limit the worker is killed and restarted; the caller gets `RenderLimitExceeded` whose message is one
 sentence naming the template file, the model and the limit. A normal render costs about a millisecond more than
-in-process (one pipe round trip); only the first render of a process pays the worker's start.
+in-process (one pipe round trip). Render workers are forked from a zygote (`_Zygote`: a process that has made the
+imports, about a second of CPU, and runs no template), so only the first worker of a process pays the imports.
 
 Requests go to the worker pickled (the parent trusts its own data); replies come back as JSON, never pickle, so
 nothing the template controls is ever unpickled in the caller.
@@ -49,6 +50,7 @@ import pickle
 import re
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -190,16 +192,19 @@ class _Worker:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        env = {**os.environ, **_WORKER_ENV}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        code = "from engine.sandbox import _worker_main; _worker_main()"
-        argv = [sys.executable, "-c", code, str(self.memory_mb), "1" if self.preload_render else "0", str(os.getpid())]
-        # Started from one long-lived thread: the worker asks the kernel to kill it when the thread that started it
-        # ends (PR_SET_PDEATHSIG), and a web server's request threads come and go.
-        self._proc = _SPAWNER.submit(
-            subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            cwd=str(ROOT), env=env, close_fds=True,
-        ).result()
+        forked = _ZYGOTE.fork_worker(self.memory_mb) if self.preload_render else None
+        if forked is not None:
+            self._proc = forked
+        else:
+            code = "from engine.sandbox import _worker_main; _worker_main()"
+            argv = [sys.executable, "-c", code, str(self.memory_mb), "1" if self.preload_render else "0",
+                    str(os.getpid())]
+            # Started from one long-lived thread: the worker asks the kernel to kill it when the thread that started
+            # it ends (PR_SET_PDEATHSIG), and a web server's request threads come and go.
+            self._proc = _SPAWNER.submit(
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                cwd=str(ROOT), env=_worker_env(), close_fds=True,
+            ).result()
         assert self._proc.stdin is not None and self._proc.stdout is not None
         os.set_blocking(self._proc.stdin.fileno(), False)
         self._ready = False
@@ -261,6 +266,155 @@ _WORKER_ENV = {
     "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1",
 }
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+
+def _worker_env() -> dict[str, str]:
+    env = {**os.environ, **_WORKER_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# clone(2) with CLONE_PARENT: the zygote's child is the caller's child (see _Zygote). The system call's number by
+# machine; elsewhere render workers start as plain processes.
+_CLONE_PARENT = 0x00008000
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+
+
+def _address_space(pid: int) -> int:
+    with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _ForkedProcess:
+    """A render worker the zygote forked, waited for by this process as subprocess.Popen waits for its child (the
+    part of Popen's interface _Worker uses: pid, stdin, stdout, poll, kill, wait)."""
+
+    def __init__(self, pid: int, stdin_fd: int, stdout_fd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = os.fdopen(stdin_fd, "wb")
+        self.stdout = os.fdopen(stdout_fd, "rb")
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: its status is lost, as subprocess.Popen reports it
+                pid, status = self.pid, 0
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        code = self._reap(0)
+        assert code is not None
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class _Zygote:
+    """A process that has made the imports a render worker needs (transformers' chat-template code, the bounded
+    renderer: about a second of CPU) and forks each new render worker from itself, so a worker starts in
+    milliseconds. It runs no template and holds nothing of the caller's: it starts as a worker does, from the same
+    code, and stops before the first request. Each fork is a clone(2) with CLONE_PARENT, so the worker is this
+    process's own child, killed and waited for exactly as a worker started with subprocess is; its pipes are made
+    here and handed over with SCM_RIGHTS. Where any of this fails, workers start as plain processes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.broken = os.uname().machine not in _SYS_CLONE
+
+    def fork_worker(self, memory_mb: int) -> _ForkedProcess | None:
+        with self.lock:
+            if self.broken:
+                return None
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self._start()
+            except (OSError, _Timeout, _WorkerGone):
+                self._stop()
+                self.broken = True  # it cannot start here: this process's workers start as plain processes
+                return None
+            try:
+                assert self.proc is not None
+                if memory_mb * 1024 * 1024 < _address_space(self.proc.pid) + (64 << 20):
+                    return None  # a limit below what the imports take: a plain worker says it cannot start
+                return self._fork(memory_mb)
+            except (OSError, _Timeout, _WorkerGone, struct.error):
+                self._stop()  # this worker starts as a plain process; the next one asks a fresh zygote
+                return None
+
+    def forget(self) -> None:
+        """In a child forked from this process: the zygote and its socket are the parent's, never this one's."""
+        if self.sock is not None:
+            self.sock.close()  # this process's copy only
+        self.proc, self.sock, self.lock = None, None, threading.Lock()
+
+    def _start(self) -> None:
+        self._stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = "from engine.sandbox import _zygote_main; _zygote_main()"
+        argv = [sys.executable, "-c", code, str(theirs.fileno()), str(os.getpid())]
+        try:
+            # From the spawner thread, as every worker: the workers' parent is the thread that started the zygote.
+            self.proc = _SPAWNER.submit(
+                subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd=str(ROOT), env=_worker_env(), pass_fds=(theirs.fileno(),),
+            ).result()
+        finally:
+            theirs.close()
+        self.sock = ours
+        try:
+            startup_timeout_s = RenderLimits.from_env().startup_timeout_s
+        except ExplorerError:  # a malformed DRIFT_RENDER_* is the render's to report, not the zygote's
+            startup_timeout_s = RenderLimits().startup_timeout_s
+        if self._read(1, startup_timeout_s) != b"R":
+            raise _WorkerGone()
+
+    def _fork(self, memory_mb: int) -> _ForkedProcess:
+        assert self.sock is not None
+        worker_in, stdin_fd = os.pipe()
+        stdout_fd, worker_out = os.pipe()
+        try:
+            socket.send_fds(self.sock, [struct.pack(">I", memory_mb)], [worker_in, worker_out])
+            (pid,) = struct.unpack(">q", self._read(8, 60.0))
+        except BaseException:
+            os.close(stdin_fd)
+            os.close(stdout_fd)
+            raise
+        finally:
+            os.close(worker_in)
+            os.close(worker_out)
+        if pid <= 0:
+            os.close(stdin_fd)
+            os.close(stdout_fd)
+            raise OSError(-pid, "the zygote could not fork a worker")
+        return _ForkedProcess(pid, stdin_fd, stdout_fd)
+
+    def _read(self, size: int, timeout_s: float) -> bytes:
+        assert self.sock is not None
+        return _read_exact(self.sock.fileno(), size, time.monotonic() + timeout_s)
+
+    def _stop(self) -> None:
+        proc, sock, self.proc, self.sock = self.proc, self.sock, None, None
+        if sock is not None:
+            sock.close()
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+_ZYGOTE = _Zygote()
+os.register_at_fork(after_in_child=_ZYGOTE.forget)
 # Render workers by (memory limit, template key): each template renders in a worker of its own, so a slow template
 # never queues another's renders. At most `max_workers` are kept (least recently used idle ones are stopped) and one
 # spare per memory limit is started ahead, so a template seen for the first time does not wait for a process start.
@@ -299,6 +453,8 @@ def shutdown_workers() -> None:
     for worker in workers:
         with worker.lock:
             worker.kill()
+    with _ZYGOTE.lock:
+        _ZYGOTE._stop()
 
 
 atexit.register(shutdown_workers)
@@ -603,6 +759,66 @@ def _worker_main() -> None:
     except BaseException as err:  # noqa: BLE001 - reported to the caller, which says the worker cannot start
         _send(out_fd, {"error": f"{type(err).__name__}: {err}"})
         return
+    _serve(state, out_fd)
+
+
+def _zygote_main() -> None:
+    """Entry point of the zygote (_Zygote): `socket_fd parent_pid` in argv. Makes a worker's imports, then forks a
+    worker for each request on the socket (its memory limit, with the worker's two pipe ends) and answers its pid."""
+    sock_fd, parent = int(sys.argv[1]), int(sys.argv[2])
+    _die_with_parent()
+    if os.getppid() != parent:
+        return
+    import ctypes
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sock = socket.socket(fileno=sock_fd)
+    state = _WorkerState()
+    state.preload()
+    clone = ctypes.CDLL(None, use_errno=True).syscall
+    clone.restype = ctypes.c_long
+    number = _SYS_CLONE[os.uname().machine]
+    sock.sendall(b"R")
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 4, 2)
+        except OSError:
+            return
+        if len(message) != 4 or len(fds) != 2:
+            return  # the caller closed the socket (or is not speaking this protocol)
+        (memory_mb,) = struct.unpack(">I", message)
+        # Only when this process has one thread, native ones counted (a raw clone copies only the calling thread, so
+        # no lock may be held by another): the child returns from the same call with 0.
+        zero = ctypes.c_long(0)
+        pid = clone(ctypes.c_long(number), ctypes.c_long(_CLONE_PARENT | signal.SIGCHLD), zero, zero, zero, zero) \
+            if len(os.listdir("/proc/self/task")) == 1 else -1
+        if pid == 0:
+            try:
+                sock.close()
+                _forked_worker_main(state, fds[0], fds[1], memory_mb, parent)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(struct.pack(">q", pid if pid > 0 else -(ctypes.get_errno() or 1)))
+
+
+def _forked_worker_main(state: _WorkerState, in_fd: int, out_fd: int, memory_mb: int, parent: int) -> None:
+    """A render worker forked by the zygote: what _worker_main does after its imports, on the pipes it was given."""
+    os.dup2(in_fd, 0)
+    os.close(in_fd)
+    _die_with_parent()  # the parent is the caller's spawner thread (CLONE_PARENT)
+    if os.getppid() != parent:
+        return
+    import resource
+
+    limit = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _serve(state, out_fd)
+
+
+def _serve(state: _WorkerState, out_fd: int) -> None:
     _send(out_fd, {"ready": True})
     while True:
         try:

@@ -267,6 +267,22 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+# ---- the order the two xdist workers take the files in -------------------------------------------------------------
+# `--dist loadfile` hands each file whole to whichever worker is free, in collection order (`--no-loadscope-reorder`:
+# xdist would otherwise sort the files by their number of tests, which puts a one-test file that computes the whole
+# default matrix last, where it alone is the run's tail). The longest files go first, longest first (measured with
+# --durations, summed per file, on 2 cores), so the run ends on short files and both workers finish together.
+LONGEST_FIRST = (
+    "test_hostile.py", "test_bench_fuzz.py", "test_render_incremental.py", "test_browser.py",
+    "test_uploads_real_configs.py", "blame/test_blame_benchmark.py", "test_hostile_workers.py", "test_snapshot.py",
+    "test_parsers_golden.py", "test_real_engines.py", "test_untrusted.py", "test_app_untrusted.py",
+    "test_tokenize_segments.py", "test_fuzz_properties.py", "test_simulate.py", "test_lazy_provenance.py",
+    "test_ci_gate.py", "test_zoo.py", "test_check.py", "test_hostile_traces.py", "test_parsers_glm.py",
+    "test_cli_hostile.py", "test_app.py", "test_engine_request_side.py", "test_evidence.py",
+    "test_app_isolation.py", "test_matrix_causes.py", "test_parsers_gpt_oss.py",
+)
+
+
 def marks_for(relative: str, name: str) -> set[str]:
     """The markers MARKS gives the test `name` (with its parameters) of tests/`relative`."""
     return {mark for pattern, marks in MARKS.get(relative, {}).items() if pattern == "*" or fnmatchcase(name, pattern)
@@ -282,3 +298,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         for mark in sorted(marks_for(path.relative_to(tests).as_posix(), item.name)):
             item.add_marker(mark)
+    rank = {relative: n for n, relative in enumerate(LONGEST_FIRST)}
+
+    def file_rank(item: pytest.Item) -> int:
+        path = Path(item.fspath)
+        return rank.get(path.relative_to(tests).as_posix(), len(rank)) if path.is_relative_to(tests) else len(rank)
+
+    items.sort(key=file_rank)  # stable: the tests of a file, and the other files, keep their order

@@ -194,7 +194,9 @@ def test_growth_exponent() -> None:
 
 
 def test_app_bench_json_contract(tmp_path) -> None:
-    result = subprocess.run([sys.executable, "benchmarks/app_bench.py", "--repeat", "1", "--json", "-"], cwd=ROOT,
+    # One pinned release (the default times two, four fresh processes): the same code, the same figures per release.
+    result = subprocess.run([sys.executable, "benchmarks/app_bench.py", "--repeat", "1", "--pinned-releases",
+                             "sglang@0.5.12", "--json", "-"], cwd=ROOT,
                             capture_output=True, text=True, timeout=900,  # a bound, however loaded
                             env={**os.environ, "DRIFT_WORKSPACE": str(tmp_path / "workspace")})
     assert result.returncode == 0, result.stderr
@@ -209,6 +211,11 @@ def test_app_bench_json_contract(tmp_path) -> None:
     assert data["toggle_cached_runs"] == len(toggled)  # one cycle: the flip back
     assert isinstance(data["toggle_cached_median_ms"], float)
     assert "missing ScriptRunContext" not in result.stderr
+    # A fresh server's first view of the pinned column, with the result cache and without: the whole matrix each time.
+    assert list(data["pinned"]) == ["sglang@0.5.12 with_cache", "sglang@0.5.12 without_cache"]
+    for view in data["pinned"].values():
+        assert isinstance(view["seconds"], float) and view["seconds"] > 0
+        assert view["caption"].startswith(f"{cells} cells in ")
 
 
 def test_progress_is_whole_lines_when_stderr_is_not_a_terminal() -> None:

@@ -421,8 +421,11 @@ def test_zoo_scoreboard_search_and_a_click_opens_the_templates_cells(page, app_u
     page.get_by_role("link", name="Template zoo").click()
     page.get_by_text("784 of 786 templates have no scan result for this code yet.").wait_for()
     page.get_by_text("2 templates shown").wait_for()
-    page.locator("[data-testid='stDataFrame']").first.wait_for()
-    page.wait_for_timeout(1500)  # the grid draws its rows on a canvas after it appears
+    grid = page.locator("[data-testid='stDataFrame']").first
+    grid.wait_for()
+    # The grid draws its rows on a canvas after it appears; the accessible table inside the canvas holds the drawn
+    # rows' cells (not displayed, hence "attached").
+    grid.locator("canvas td").first.wait_for(state="attached")
     page.screenshot(path=str(SHOTS / "zoo.png"), full_page=True)
     page.get_by_label("Search templates, repos, causes").fill("glm")
     page.keyboard.press("Enter")

@@ -241,12 +241,23 @@ def test_the_sandbox_is_byte_identical_to_jinja_renderer_on_every_stock_template
     assert len(checked) == 10 and all(length > 0 for _, length in checked)
 
 
+def kill_once_running(pid: int) -> None:
+    """SIGKILL the worker once the render is under way: it runs (state R) instead of waiting for a request (S)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            if stat.read().rpartition(")")[2].split()[0] == "R":
+                break
+        time.sleep(0.01)  # a poll interval, not a wait for something to happen
+    os.kill(pid, signal.SIGKILL)
+
+
 def test_a_worker_killed_mid_render_is_a_clear_error_and_the_next_render_works(still_works):
     renderer = SandboxedRenderer("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                                  model=MODEL, source_path="custom.jinja", limits=ROOMY)
     pid = renderer.worker_pid
     assert pid is not None
-    killer = threading.Timer(2.0, os.kill, (pid, signal.SIGKILL))  # the render is under way by then
+    killer = threading.Thread(target=kill_once_running, args=(pid,))
     killer.start()
     started = time.monotonic()
     with pytest.raises(RenderError) as caught:

@@ -31,13 +31,19 @@ def is_type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
 
 
+# What holds statements: an import is a statement, and statements sit only in statements' bodies, an `except`'s and
+# a `case`'s, never inside an expression.
+HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of `tree`, function bodies included, except those under `if TYPE_CHECKING:`."""
+    """Every statement of `tree`, function bodies included, except those under `if TYPE_CHECKING:`."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(child for child in ast.iter_child_nodes(node) if not is_type_checking_block(child))
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if isinstance(child, HOLDS_STATEMENTS) and not is_type_checking_block(child))
 
 
 @functools.cache

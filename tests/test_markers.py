@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import MARKS, marks_for
+from conftest import LONGEST_FIRST, MARKS, marks_for
 
 TESTS = Path(__file__).resolve().parent
 
@@ -40,3 +40,8 @@ def test_collected_tests_carry_their_marks(request: pytest.FixtureRequest) -> No
         if path.is_relative_to(TESTS):
             expected = marks_for(path.relative_to(TESTS).as_posix(), item.name)
             assert {m for m in expected if item.get_closest_marker(m) is None} == set(), item.nodeid
+
+
+def test_the_longest_files_named_first_exist_once() -> None:
+    assert [f for f in LONGEST_FIRST if not (TESTS / f).is_file()] == []
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
