@@ -795,6 +795,9 @@ def _zygote_main() -> None:
             if len(os.listdir("/proc/self/task")) == 1 else -1
         if pid == 0:
             try:
+                # What os.fork does in its child: the interpreter's own after-fork step (its lock and thread state
+                # made anew, signal state, the at-fork handlers: random reseeded, threading's and logging's locks)
+                ctypes.pythonapi.PyOS_AfterFork_Child()
                 sock.close()
                 _forked_worker_main(state, fds[0], fds[1], memory_mb, parent)
             finally:

@@ -304,3 +304,21 @@ def test_a_cell_of_a_stored_upload_that_fails_is_an_error_cell(tmp_path, stock_f
     cell = run_cell_with(workspace.load_model(upload.id), "tool-call", "raw", {})
     assert (cell.status, cell.note) == ("error", "a.jinja for model qwen3.5+a raised at line 1: "
                                                  "![x](http://example.invalid/p.png)")
+
+
+def test_a_new_templates_worker_is_forked_from_the_zygote_as_this_processs_child():
+    # Two templates of their own: each a worker of its own, both forked by the zygote (which made the imports once)
+    # and both this process's children (clone with CLONE_PARENT), killed and waited for as any child.
+    renderers = [SandboxedRenderer("{{ messages[0]['content'] }}" + suffix, model="qwen3.5",
+                                   source_path=f"zygote{n}.jinja") for n, suffix in enumerate(("!", "?"))]
+    texts = [r.render([{"role": "user", "content": "hi"}], None, add_generation_prompt=False, kwargs={})
+             for r in renderers]
+    assert [t.text for t in texts] == ["hi!", "hi?"]
+    zygote = sandbox._ZYGOTE.proc
+    assert zygote is not None and zygote.poll() is None
+    workers = [sandbox._pool[(r.limits.memory_mb, r._worker_key)] for r in renderers]
+    assert len({w.pid for w in workers}) == 2
+    for worker in workers:
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        assert f"PPid:\t{os.getpid()}" in status
+        assert Path(f"/proc/{worker.pid}/cmdline").read_bytes() == Path(f"/proc/{zygote.pid}/cmdline").read_bytes()
