@@ -688,9 +688,10 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     # prompt, since the previous prompt rendered it before the break.
     undo_from = max(target - 1, 0)
     try:
-        _, evaluations = counterfactual(boundary.next_request)
+        traced_text, evaluations = counterfactual(boundary.next_request)
     except Exception:  # noqa: BLE001 - the instrumented render is a second opinion; the emitting line stands
         return None
+    agreed = common_prefix(boundary.prev_text, traced_text)
     table = table_of()
     constructs = table.constructs
     ran: dict[int, list] = {}
@@ -741,11 +742,15 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     lines = renderer.source_lines()
     trials = []
     for group, change in path:
+        if _acts_after(change, evaluations, agreed, boundary):
+            continue
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
     holding = 0
     for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
+        if _acts_after(change, evaluations, agreed, boundary):
+            continue
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
@@ -864,6 +869,23 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                     if isinstance(r.before, str) and isinstance(r.after, str) and r.before != r.after]
     return _Counterfactual(trial, (location, *others), f"{head.kind}:{head.name}", how,
                            _whitespace_change(changes_seen), change)
+
+
+def _acts_after(change: UndoTemplate, evaluations: list, agreed: int, boundary: Boundary) -> bool:
+    """Whether `change` cannot move the break, known from the trace without rendering it: the first run it changes
+    comes after the render had put out more than the `agreed` characters the traced prompt shares with the previous
+    sequence (Evaluation.emitted). The counterfactual prompt is the traced one up to there, so it breaks where the
+    traced one does, at `agreed`, which is not past the break. False where the trace does not count its output."""
+    if agreed > boundary.string_prefix.common:
+        return False  # the traced prompt is not the next prompt (the bridge's): the re-run says
+    changed = change.constructs | {ident for ident, _, _ in change.substitute}
+    first = None
+    for evaluation in evaluations:
+        if evaluation.construct in changed and (change.message == -1 or evaluation.message >= change.message):
+            if evaluation.emitted is None:
+                return False
+            first = evaluation.emitted if first is None else min(first, evaluation.emitted)
+    return first is None or first > agreed
 
 
 def _builds_markup(value: str, boundary: Boundary) -> bool:
