@@ -111,6 +111,7 @@ class _Run:
     record: bool = True
     evaluations: list[Evaluation] = field(default_factory=list)
     emitted: int | None = None  # characters put out so far, where the render counts them (a template's)
+    caller: object = None  # the frame that started the render: the frames of its template are all below it
 
 
 def substitution_key(value: object) -> str | None:
@@ -404,12 +405,13 @@ class InstrumentedTemplate:
         `_message_of_frame` reads off a frame to the conversation's message index."""
         substitute = dict(substitute or {})
         run = _Run(message_ids, undo_from, frozenset(undo) | frozenset(substitute), substitute,
-                   record=not undo and not substitute)
+                   record=not undo and not substitute, caller=sys._getframe())
         self._local.run = run
         try:
             text = call()
         finally:
             self._local.run = None
+            run.caller = None
         return text, run.evaluations
 
     def _message(self, run: _Run) -> int:
@@ -418,7 +420,9 @@ class InstrumentedTemplate:
     def _message_frame(self, run: _Run) -> tuple[int, object]:
         """The message being rendered, and the template's frame that renders it (None: outside any message)."""
         frame = sys._getframe(1)
-        while frame is not None:
+        caller = run.caller
+        # Up to the frame that started the render (a construct outside any message would walk the whole stack).
+        while frame is not None and frame is not caller:
             if frame.f_code.co_filename == self._filename:
                 found = self._message_of_frame(frame, run)
                 if found is not None:
