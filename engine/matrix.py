@@ -7,6 +7,7 @@ from typing import Any
 
 from engine.models import default_model_ids
 from engine.scenario import load_scenario, scenario_ids
+from engine.serving.registry import spawn_releases
 from engine.serving.spec import EngineSpec
 from engine.simulate import ENGINES, Boundary, CellResult, run_cell
 
@@ -25,6 +26,8 @@ def default_request() -> MatrixRequest:
 
 def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
     """Every cell of the request; `explain=False` leaves the causes out (status and prefixes only)."""
+    # The releases' workers load while the first cells render (a cold result cache asks them; a warm one never waits)
+    spawn_releases(request.engines)
     return [
         run_cell(m, s, e, request.kwargs.get(m, {}), explain=explain)
         for m in request.models

@@ -18,7 +18,7 @@ from engine.matrix import cell_label, matrix_json
 from engine.models import LoadedModel, default_model_ids, load_spec, preload_models
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
-from engine.serving.registry import engine_versions, list_engines
+from engine.serving.registry import engine_versions, list_engines, spawn_releases
 from engine.serving.spec import EngineFlag, EngineSpec, ParserPair
 from engine.simulate import CellResult, run_cell, run_cell_with
 from engine.timeline import ReleaseOutcome, TimelineRun
@@ -359,6 +359,10 @@ def main() -> None:
         st.info("Pick at least one model and one scenario in the sidebar.")
         return
     started = time.perf_counter()
+    rows = _rows(scenarios, view)
+    # The rows' releases start loading in their workers now, beside the templates and tokenizers (a cold result cache
+    # asks them; a warm one never waits on them)
+    spawn_releases(row.engine for row in rows)
     with st.spinner("Loading the real templates and tokenizers (first view only)…"):
         preload_models(models)  # two at a time (a failure is said below, by the model it belongs to)
         loaded = {}
@@ -368,7 +372,7 @@ def main() -> None:
             except BaseException as err:  # noqa: BLE001 - a model that cannot load is shown, the others still run
                 st.error(plain(f"Model {model_id} cannot be loaded: {describe_error(err)}"))
     loaded_s = time.perf_counter() - started
-    columns, rows = _columns(models, loaded), _rows(scenarios, view)
+    columns = _columns(models, loaded)
     level = st.session_state.level
     started = time.perf_counter()
     grid: dict[tuple[str, str], CellResult] = {}

@@ -105,7 +105,8 @@ def test_vllm_timeline_bisects_the_glm_reasoning_change():
 
 def test_worker_is_sandboxed_and_reports_its_stubs():
     need("sglang@0.5.5")
-    from engine.serving.real.backend import network_isolation, worker_for
+    from engine.serving.real.backend import worker_for
+    from engine.serving.real.process import network_isolation
 
     worker = worker_for("sglang", "0.5.5")
     assert "torch" in worker.hello["stubbed_roots"] and "libtpu" not in worker.hello["stubbed_roots"]
@@ -252,3 +253,17 @@ def test_vllm_reads_mistral_v11_calls_with_the_hub_tokenizer_from_0_20_0(capsys)
     # the release strip names the missing piece (engine/serving/rendering.py's row for model_type mistral3)
     assert rows[0]["note"].startswith("vllm@0.19.1 cannot serve mistral-small-3.2: it parses the [TOOL_CALLS]name"
                                       "[ARGS]{…} calls of Mistral 3 models only through its own MistralTokenizer")
+
+
+def test_a_spawned_worker_loads_while_the_caller_works_and_answers_its_first_ask():
+    need("sglang@0.5.5")
+    from engine.serving.real import backend
+
+    backend.stop_workers()
+    backend.spawn_workers([("sglang", "0.5.5"), ("vllm", "0.0.1")])  # the second is in no cache: nothing starts
+    worker = backend._WORKERS["sglang@0.5.5"]
+    assert set(backend._WORKERS) == {"sglang@0.5.5"} and worker.proc is not None and worker.hello == {}
+    assert backend.worker_for("sglang", "0.5.5") is worker  # not a second process
+    assert worker.ask({"op": "hello"}, 60)["ok"]  # the first ask waits for the start's hello, then asks
+    assert worker.hello["ok"] and "torch" in worker.hello["stubbed_roots"]
+    backend.stop_workers()

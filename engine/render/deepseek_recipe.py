@@ -84,9 +84,9 @@ class SglangDeepSeekRecipeRenderer:
                               model=MODEL_ID, path=self.source_path)
         job = {"op": "render", "messages": messages, "tools": tools or None, "chat_template_kwargs": kwargs or None,
                "reasoning_parser": PARSERS[0], "tool_parser": PARSERS[1], "force_reasoning": True,
-               "tokenizer": vocab.job()}
+               "tokenizer": vocab.reference()}
         try:
-            reply = ask_release(self.engine, self.version, job, RENDER_TIMEOUT_S)
+            reply = ask_release(self.engine, self.version, job, RENDER_TIMEOUT_S, vocab=vocab)
         except EngineWorkerError as err:
             raise RenderError(f"{MODEL_ID}: {self.origin} could not run here: {err}", model=MODEL_ID,
                               path=self.source_path) from err

@@ -163,23 +163,15 @@ def minijinja_source(source: str) -> str:
 
 
 def _closing_paren(source: str, start: int) -> int:
-    depth, quote, index = 0, "", start
-    while index < len(source):
-        char = source[index]
-        if quote:
-            if char == "\\":
-                index += 2
-                continue
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "(":
+    """The index of the `)` that closes the `(` at `start` (string literals skipped), else -1."""
+    depth = 0
+    for index in marks.unquoted_indices(source, start):
+        if source[index] == "(":
             depth += 1
-        elif char == ")":
+        elif source[index] == ")":
             depth -= 1
             if depth == 0:
                 return index
-        index += 1
     return -1
 
 
@@ -262,7 +254,7 @@ class HfJinjaRuntime:
         return f"{RUNTIME_LABELS[self.name]} {self.version}"
 
     def _start(self) -> subprocess.Popen:
-        from engine.serving.real.backend import network_isolation
+        from engine.serving.real.process import network_isolation
 
         argv = [*network_isolation(), self.node, f"--max-old-space-size={NODE_HEAP_MB}", "--no-warnings",
                 "--disallow-code-generation-from-strings", str(HFJS_PACKAGE / "runner.mjs")]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +89,8 @@ def _marked(tag: Tag, index: int) -> str:
             f'{{{{ "{CLOSE}{index}{CLOSE_END}" {tag.right}}}}}')
 
 
-def _tag_end(source: str, start: int, closing: str) -> int:
-    """The index of `closing` after `start`, outside string literals; -1 when there is none."""
+def unquoted_indices(source: str, start: int = 0) -> Iterator[int]:
+    """The indices from `start` on that lie outside the string literals of Jinja source (a quote itself excluded)."""
     index, quote = start, ""
     while index < len(source):
         char = source[index]
@@ -102,10 +102,14 @@ def _tag_end(source: str, start: int, closing: str) -> int:
                 quote = ""
         elif char in "'\"":
             quote = char
-        elif source.startswith(closing, index):
-            return index
+        else:
+            yield index
         index += 1
-    return -1
+
+
+def _tag_end(source: str, start: int, closing: str) -> int:
+    """The index of `closing` after `start`, outside string literals; -1 when there is none."""
+    return next((index for index in unquoted_indices(source, start) if source.startswith(closing, index)), -1)
 
 
 _RAW = re.compile(r"\s*raw\s*")

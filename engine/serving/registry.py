@@ -13,6 +13,7 @@ A pinned release asked for a parser its emulation does not have (a model family 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from engine.serving.emulated.sglang_0_5_12 import Sglang0512Emulation
 from engine.serving.emulated.sglang_0_5_23 import SglangEmulation
 from engine.serving.emulated.vllm_0_33_0 import VllmEmulation
 from engine.serving.real import fetch
-from engine.serving.real.backend import RealEngine, release_problem
+from engine.serving.real.backend import RealEngine, release_problem, spawn_workers
 from engine.serving.spec import EngineSpec
 from engine.types import ParseResult
 
@@ -86,6 +87,24 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
             return real_release(spec.kind, spec.version)
         raise ValueError(f"unknown engine {str(spec)!r}: {problem}")
     raise ValueError(_unknown_engine(repr(str(spec))))
+
+
+def spawn_releases(specs: Iterable[EngineSpec | str]) -> None:
+    """Start, without waiting, the workers of the releases these columns ask: each serving column's own release, then
+    the other pinned releases of its engine (a fix hint re-runs a break on them). A column that names no engine, or
+    an unknown one, starts nothing (its cells say why)."""
+    releases: dict[tuple[str, str], None] = {}
+    for spec in specs:
+        try:
+            engine = get_engine(spec)
+        except (ValueError, ExplorerError):
+            continue
+        releases[(engine.name, engine.version)] = None
+        for pinned in EMULATIONS:
+            other = EngineSpec.parse(pinned)
+            if other.kind == engine.name and other.version:
+                releases[(other.kind, other.version)] = None
+    spawn_workers(releases)
 
 
 def parse_engine(text: str) -> EngineSpec:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -92,8 +93,8 @@ class ParserPair:
         return f"{self.reasoning_parser or NO_PARSER}+{self.tool_call_parser or NO_PARSER}"
 
 
-def _closing(text: str, start: int) -> int:
-    """The index of the `]` that closes the `[` at `start` (JSON strings and nested brackets skipped), else -1."""
+def _outside_strings(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, bracket depth after it) for each character from `start` on outside JSON strings."""
     depth, in_string, escaped = 0, False, False
     for index in range(start, len(text)):
         char = text[index]
@@ -102,12 +103,19 @@ def _closing(text: str, start: int) -> int:
             continue
         if char == '"':
             in_string = True
-        elif char in "[{":
+            continue
+        if char in "[{":
             depth += 1
         elif char in "]}":
             depth -= 1
-            if depth == 0:
-                return index if char == "]" else -1
+        yield index, char, depth
+
+
+def _closing(text: str, start: int) -> int:
+    """The index of the `]` that closes the `[` at `start` (JSON strings and nested brackets skipped), else -1."""
+    for index, char, depth in _outside_strings(text, start):
+        if char in "]}" and depth == 0:
+            return index if char == "]" else -1
     return -1
 
 
@@ -118,21 +126,12 @@ def split_names(text: str) -> list[str]:
 
 def _top_level_split(text: str) -> list[str]:
     """`text` split at the commas outside JSON strings, brackets and braces."""
-    parts, depth, in_string, escaped, start = [], 0, False, False, 0
-    for index, char in enumerate(text):
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
-            continue
-        if char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:index])
-            start = index + 1
-    return [*parts, text[start:]]
+    parts, begin = [], 0
+    for index, char, depth in _outside_strings(text):
+        if char == "," and depth == 0:
+            parts.append(text[begin:index])
+            begin = index + 1
+    return [*parts, text[begin:]]
 
 
 @dataclass(frozen=True)

@@ -20,93 +20,54 @@ import functools
 import hashlib
 import json
 import os
-import resource
-import select
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edits
+from engine.serving.real.process import ROOT, JsonLineProcess
 from engine.types import Edit, Location
 
 PINNED = "1.110.2"
 STRIPPING = "1.104.9"  # the last release whose hosted_vllm drops every assistant message's reasoning_content
-ROOT = Path(__file__).resolve().parents[3]
 WORKER_MEMORY_MB = int(os.environ.get("DRIFT_PROXY_MEMORY_MB", 3072))
 WORKER_STARTUP_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_STARTUP_TIMEOUT_S", 240))
 WORKER_CALL_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_CALL_TIMEOUT_S", 60))
 
 
-class _Worker:
+class _Worker(JsonLineProcess):
     """One sandboxed worker process for one LiteLLM release."""
 
     def __init__(self, version: str, root: Path) -> None:
+        super().__init__(f"LiteLLM {version}", WORKER_MEMORY_MB, LayerUnavailable)
         self.version, self.root = version, root
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.replies: Any = None
         self.hello: dict = {}
         self.start_s = 0.0
 
     def start(self) -> None:
-        from engine.serving.real.backend import network_isolation
         from engine.serving.real.fetch import cache_dir
 
         started = time.perf_counter()
-        read_fd, write_fd = os.pipe()
         pycache = cache_dir() / "pycache" / f"litellm@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT), "DRIFT_REPLY_FD": str(write_fd),
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT),
                "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                "LITELLM_LOG": "ERROR", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        memory = WORKER_MEMORY_MB * 1024 * 1024
-
-        def bound() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-        argv = [*network_isolation(), sys.executable, "-m", "engine.serving.proxies.litellm_worker", str(self.root)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
-        os.close(write_fd)
-        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
-        self.hello = self._read(WORKER_STARTUP_TIMEOUT_S, "start")
+        self.spawn("engine.serving.proxies.litellm_worker", [str(self.root)], env, pycache)
+        self.hello = self.read(WORKER_STARTUP_TIMEOUT_S, "start")
         self.start_s = time.perf_counter() - started
         if not self.hello.get("ok"):
             self.stop()
             raise LayerUnavailable(f"LiteLLM {self.version} does not load here: {self.hello.get('error')}")
 
-    def _read(self, timeout_s: float, what: str) -> dict:
-        ready, _, _ = select.select([self.replies], [], [], timeout_s)
-        line = self.replies.readline() if ready else None
-        if not line:
-            code = self.stop()
-            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
-                f"exited during {what} (status {code}; memory limit {WORKER_MEMORY_MB} MB)"
-            raise LayerUnavailable(f"the LiteLLM {self.version} worker {reason}")
-        return json.loads(line)
-
     def ask(self, job: dict) -> dict:
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
-            return self._read(WORKER_CALL_TIMEOUT_S, job["op"])
-
-    def stop(self) -> int | None:
-        proc, self.proc = self.proc, None
-        if self.replies is not None:
-            self.replies.close()
-            self.replies = None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.kill()
-        return proc.wait()
+            self.send(job)
+            return self.read(WORKER_CALL_TIMEOUT_S, job["op"])
 
 
 _WORKERS: dict[str, _Worker] = {}

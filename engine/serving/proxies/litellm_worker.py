@@ -27,6 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from engine.serving.real import stubs
+
 # The provider's transformation code, whose executed lines are kept (relative to the release's root).
 TRACED = ("litellm/llms/hosted_vllm/", "litellm/llms/openai/chat/gpt_transformation.py",
           "litellm/litellm_core_utils/prompt_templates/common_utils.py",
@@ -38,9 +40,7 @@ class _StubMissing(importlib.abc.MetaPathFinder):
     """Stubs what is not installed (the catch-all of engine.serving.real.stubs) and the forced stubs."""
 
     def __init__(self) -> None:
-        from engine.serving.real import stubs
-
-        self._loader = stubs._StubLoader()
+        self._loader = stubs.StubLoader()
         self.stubbed: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -49,12 +49,9 @@ class _StubMissing(importlib.abc.MetaPathFinder):
             return self._stub(fullname)
         if root in sys.stdlib_module_names or root.startswith("_") or root == "litellm":
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                return spec
+        spec = stubs.found_by_others(self, fullname, path, target)
+        if spec is not None:
+            return spec
         if "." in fullname and root not in self.stubbed:
             return None
         return self._stub(fullname)

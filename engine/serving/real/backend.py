@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
-import os
 import re
-import resource
-import select
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +32,10 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.serving.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
+from engine.serving.real.process import ROOT, JsonLineProcess
 from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
-ROOT = Path(__file__).resolve().parents[3]
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
 RECIPE_PARSERS = frozenset({"deepseekv4", "deepseek-v4", "deepseekv41", "deepseek-v41"})
 
@@ -63,99 +59,70 @@ class EngineWorkerError(ExplorerError):
     """The worker of a release could not start or answer; one sentence."""
 
 
-@functools.cache
-def network_isolation() -> list[str]:
-    """The command prefix that takes the worker off the network: `unshare -rn` (a new user and network namespace
-    holding only a loopback device) when this kernel allows unprivileged namespaces, else none."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return []
-    try:
-        ok = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return [unshare, "-rn"] if ok else []
-
-
-class Worker:
+class Worker(JsonLineProcess):
     """One sandboxed worker process for one release."""
 
     def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits,
                  dependencies: fetch.Dependencies | None = None) -> None:
+        super().__init__(f"{engine}@{version}", limits.memory_mb, EngineWorkerError)
         self.engine, self.version, self.root, self.limits = engine, version, root, limits
         self.dependencies = dependencies or fetch.Dependencies({}, {})
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.replies = None
         self.hello: dict = {}
         self.start_s = 0.0
+        self._spawned_at = 0.0
+        self.vocabs_sent: set[str] = set()  # the vocabularies this process holds (AddedVocab.reference)
 
     def start(self) -> None:
-        started = time.perf_counter()
-        read_fd, write_fd = os.pipe()
+        self.spawn_release()
+        self._await_hello()
+
+    def spawn_release(self) -> None:
+        """Start the process without waiting for it to load the release (`_await_hello` does, at the first ask)."""
+        self._spawned_at = time.perf_counter()
+        self.vocabs_sent = set()
+        self.hello = {}
         pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT), "DRIFT_REPLY_FD": str(write_fd),
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT),
                "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
         from engine.render.harmony_encoding import o200k_base_path
 
         env["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_base_path().parent)
-        memory = self.limits.memory_mb * 1024 * 1024
+        self.spawn("engine.serving.real.worker", [self.engine, self.version, str(self.root),
+                                                  *(f"{name}={src.root}" for name, src in
+                                                    sorted(self.dependencies.real.items()))], env, pycache)
 
-        def bound() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-        argv = [*network_isolation(), sys.executable, "-m", "engine.serving.real.worker", self.engine, self.version,
-                str(self.root), *(f"{name}={src.root}" for name, src in sorted(self.dependencies.real.items()))]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=env, cwd=str(pycache), pass_fds=(write_fd,), preexec_fn=bound, text=True)
-        os.close(write_fd)
-        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
-        self.hello = self._read(self.limits.startup_timeout_s, "start")
-        self.start_s = time.perf_counter() - started
+    def _await_hello(self) -> None:
+        self.hello = self.read(self.limits.startup_timeout_s, "start")
+        self.start_s = time.perf_counter() - self._spawned_at
         if not self.hello.get("ok"):
             error = self.hello.get("error")
             self.stop()
             raise EngineWorkerError(f"{self.engine}@{self.version} does not load here: {error}")
 
-    def _read(self, timeout_s: float, what: str) -> dict:
-        assert self.replies is not None
-        ready, _, _ = select.select([self.replies], [], [], timeout_s)
-        line = self.replies.readline() if ready else None
-        if not line:
-            code = self.stop()
-            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
-                f"exited during {what} (status {code}; memory limit {self.limits.memory_mb} MB)"
-            raise EngineWorkerError(f"the {self.engine}@{self.version} worker {reason}")
-        return json.loads(line)
-
-    def ask(self, request: dict, timeout_s: float) -> dict:
+    def ask(self, request: dict, timeout_s: float, vocab: AddedVocab | None = None) -> dict:
+        """`vocab`: the vocabulary `request["tokenizer"]` references, sent along the first time this process is
+        asked with it (tens of KB a job otherwise, written, hashed and read again per parse and render)."""
         with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None:
                 self.start()
-            assert self.proc is not None and self.proc.stdin is not None
-            # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            return self._read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
+            elif not self.hello:  # spawned ahead (spawn_workers): its imports ran while the caller worked
+                self._await_hello()
+            elif self.proc.poll() is not None:
+                self.start()
+            if vocab is not None and vocab.digest not in self.vocabs_sent:
+                request = {**request, "vocab": vocab.job()}
+                self.vocabs_sent.add(vocab.digest)
+            self.send(request)
+            return self.read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
 
     def stubbed_dependencies(self) -> str:
         """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
         return "".join(f" ({name} is stubbed in this worker: {why})"
                        for name, why in sorted(self.dependencies.stubbed.items()))
-
-    def stop(self) -> int | None:
-        proc, self.proc = self.proc, None
-        if self.replies is not None:
-            self.replies.close()
-            self.replies = None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.kill()
-        return proc.wait()
 
 
 # What a request asks of the worker, as the sentence of a worker that did not answer it says it ("did not parse").
@@ -195,6 +162,28 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
     return worker
 
 
+def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
+    """Start the workers of these (engine, version) releases without waiting for them: a release's imports take about
+    a second, which then run beside the caller's own work (the matrix's templates and tokenizers) instead of before
+    its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask)."""
+    limits = WorkerLimits.from_env()
+    for engine, version in releases:
+        spec = f"{engine}@{version}"
+        with _WORKERS_LOCK:
+            if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
+                continue
+        sources = fetch.cached_sources(spec)
+        if sources is None:
+            continue
+        worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=True))
+        worker.spawn_release()
+        with _WORKERS_LOCK:
+            if spec in _WORKERS:  # another thread started one meanwhile
+                worker.stop()
+            else:
+                _WORKERS[spec] = worker
+
+
 def _deterministic(reply: dict) -> bool:
     """Whether the reply is the release's answer to the job alone: a result, or its code refusing the job (a step
     that raised, `where` set), but not a failure of the worker's own state (memory, recursion depth)."""
@@ -203,11 +192,12 @@ def _deterministic(reply: dict) -> bool:
     return "where" in reply and not str(reply.get("error", "")).startswith(("MemoryError", "RecursionError"))
 
 
-def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False) -> dict:
-    """The release's answer to `job`: from the result cache when this release, its glue and its dependencies answered
-    the same job before (engine/serving/real/results.py), else from its worker (started when needed), kept when the
-    release answered or refused (`_deterministic`). A worker that cannot start or answer raises EngineWorkerError,
-    and nothing is kept."""
+def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offline: bool = False,
+                vocab: AddedVocab | None = None) -> dict:
+    """The release's answer to `job` (whose "tokenizer" is `vocab.reference()`): from the result cache when this
+    release, its glue and its dependencies answered the same job before (engine/serving/real/results.py), else from
+    its worker (started when needed), kept when the release answered or refused (`_deterministic`). A worker that
+    cannot start or answer raises EngineWorkerError, and nothing is kept."""
     spec = f"{engine}@{version}"
     cache = result_cache() if persisted_results_enabled() else None
 
@@ -220,7 +210,7 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
         reply = cache.get(spec, key)
         if reply is not None:
             return reply
-    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s)
+    reply = worker_for(engine, version, offline=offline).ask(job, timeout_s, vocab)
     if cache is not None and _deterministic(reply):
         key = key or key_of_job()  # the sources may have been fetched just now
         if key is not None:
@@ -286,6 +276,15 @@ class AddedVocab:
 
     def job(self) -> dict:
         return {"added": self.ids, "special": sorted(self.special), "tokenizer_json": self.tokenizer_json}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.job(), sort_keys=True).encode()).hexdigest()
+
+    def reference(self) -> dict:
+        """What a job carries for this vocabulary: its sha256 (the worker is sent the vocabulary itself once, and
+        the result cache's key covers it through the hash)."""
+        return {"sha256": self.digest}
 
     def chunks(self, text: str) -> list[str]:
         """The text split at added tokens: each one alone (one id), the text between one piece each."""
@@ -532,11 +531,11 @@ class RealEngine(EngineEmulation):
                "token_ids": list(_harmony_ids(text)) if harmony else None, "harmony": harmony,
                "reasoning_parser": reasoning_parser, "tool_parser": tool_parser, "tools": tools or None,
                "chat_template_kwargs": chat_template_kwargs or None, "history_tool_calls": history_tool_calls,
-               "tokenizer": vocab.job(), "model_type": "gpt_oss" if harmony else "generic",
+               "tokenizer": vocab.reference(), "model_type": "gpt_oss" if harmony else "generic",
                "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:
             return ParseResult(None, None, error=str(err))
         if not reply.get("ok"):
@@ -622,12 +621,13 @@ class RealEngine(EngineEmulation):
         has no such code (vLLM, or a release without the flag)."""
         if self.name != "sglang" or "strip-thinking-cache" not in self.server_flags:
             return None
-        job = {"op": "cache_kept", "tokenizer": AddedVocab({}, frozenset()).job(), "prompt_len": prompt_len,
+        vocab = AddedVocab({}, frozenset())
+        job = {"op": "cache_kept", "tokenizer": vocab.reference(), "prompt_len": prompt_len,
                "output_ids": list(output_ids), "require_reasoning": require_reasoning,
                "think_end_ids": list(think_end_ids), "think_start_ids": list(think_start_ids), **self._server_job()}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:
             raise ExplorerError(f"{self.spec}'s cache code did not answer: {err}") from None
         result = reply.get("result") or {}
@@ -638,11 +638,11 @@ class RealEngine(EngineEmulation):
     def render_request(self, job: dict, tokenizer: Any = None) -> dict:
         """One request through the release's own request side in its worker (glue_*.py `render`); RenderError in
         one sentence, naming the release's file and line, when its code refuses the request."""
-        vocab = AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
-        job = {"op": "render", "tokenizer": (vocab or AddedVocab({}, frozenset())).job(), **job}
+        vocab = (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) or AddedVocab({}, frozenset())
+        job = {"op": "render", "tokenizer": vocab.reference(), **job}
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
-                                offline=self.offline)
+                                offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:  # hung or died: this request's error, as a parse's is (the next one restarts)
             raise RenderError(f"{self.spec}'s request side did not answer: {err}") from None
         result = reply.get("result") or {}

@@ -21,6 +21,7 @@ import importlib.metadata
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 # Stubbed even when installed: heavy, GPU-bound or server-side; none of them shapes parsed text.
 HEAVY_ROOTS = frozenset({
@@ -207,12 +208,23 @@ def typed_dict_stub(qualname: str) -> type:
                                                        "__module__": "stub", "__qualname__": qualname})
 
 
-class _StubLoader(importlib.abc.Loader):
+class StubLoader(importlib.abc.Loader):
     def create_module(self, spec):
         return StubModule(spec.name)
 
     def exec_module(self, module) -> None:
         pass
+
+
+def found_by_others(finder: importlib.abc.MetaPathFinder, fullname: str, path: Any = None, target: Any = None) -> Any:
+    """The module spec the other finders on sys.meta_path give (what is installed for real), else None."""
+    for other in sys.meta_path:
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 class StubFinder(importlib.abc.MetaPathFinder):
@@ -233,19 +245,16 @@ class StubFinder(importlib.abc.MetaPathFinder):
             return self._stub(fullname)
         if root == self.engine:
             return None  # the release's own modules load from its sources (a missing one is a real error)
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                return spec
+        spec = found_by_others(self, fullname, path, target)
+        if spec is not None:
+            return spec
         if "." in fullname and fullname.split(".")[0] not in self.stubbed:
             return None  # a missing submodule of a real package: let the import fail as it would
         return self._stub(fullname)
 
     def _stub(self, fullname: str):
         self.stubbed.add(fullname.split(".")[0])
-        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        return importlib.machinery.ModuleSpec(fullname, StubLoader(), is_package=True)
 
 
 def _bare_package(engine: str, root: Path) -> None:

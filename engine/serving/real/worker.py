@@ -161,7 +161,8 @@ class Worker:
             from engine.serving.real import glue_sglang as glue
         self.glue = glue.Glue(version, root)
         self.import_s = time.perf_counter() - started
-        self.tokenizers: dict[str, VocabTokenizer] = {}
+        self.tokenizers: dict[tuple[str, bool], VocabTokenizer] = {}
+        self.vocabs: dict[str, dict] = {}  # sha256 -> the vocabulary a job references (sent once, with a job)
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
@@ -190,8 +191,13 @@ class Worker:
         return self.run_job(job, self.glue.parse)
 
     def run_job(self, job: dict, step: Any) -> dict:
-        tok = job["tokenizer"]
-        key = json.dumps([tok, bool(job.get("harmony"))], sort_keys=True)
+        digest = job["tokenizer"]["sha256"]
+        if "vocab" in job:
+            self.vocabs[digest] = job.pop("vocab")
+        tok = self.vocabs.get(digest)
+        if tok is None:
+            return {"ok": False, "error": f"vocabulary {digest[:12]} was never sent to this worker"}
+        key = (digest, bool(job.get("harmony")))
         tokenizer = self.tokenizers.get(key)
         if tokenizer is None:  # one per vocabulary: serving code caches what it builds from its tokenizer
             tokenizer = self.tokenizers[key] = VocabTokenizer(tok["added"], tok["special"],
