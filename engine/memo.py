@@ -1,9 +1,10 @@
-"""What cause attribution computes more than once in one run, kept by content for that run.
+"""What cause attribution computes more than once for one cell, kept by content while the cell is explained.
 
 Blame re-runs a cell with one change; the steps before the change are the cell's own (the same parses of the same
-completions), and a matrix asks the same questions of one template from several cells. A `BlameMemo` is made by the
-run that asks (a cell with its cause, a matrix) and handed down; it lives as long as that run. Each entry is keyed by
-everything its answer is computed from, so a hit is the answer the computation would give.
+completions). A `BlameMemo` is made by the cell whose cause is asked (engine.simulate.run_cell_with) and handed to its
+re-runs; it lives as long as that cell's computation. Each entry is keyed by everything its answer is computed from,
+so a hit is the answer the computation would give. (Counterfactual renders are shared between cells already, per
+template and request: JinjaRenderer.render_counterfactual.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ class BlameMemo:
         self._parses: dict[tuple, tuple[Any, ParseResult]] = {}
         # Objects whose identity is part of a key, kept alive so that no other object takes their id meanwhile.
         self._held: dict[int, object] = {}
-        self.parse_hits = self.parse_misses = 0
 
     def _identity(self, thing: object) -> int:
         self._held.setdefault(id(thing), thing)
@@ -38,9 +38,6 @@ class BlameMemo:
             return parse_served(engine, text, request, options)
         key = (self._identity(request.get("tokenizer")), text, content)
         found = self._parses.get(key)
-        if found is not None:
-            self.parse_hits += 1
-            return found
-        self.parse_misses += 1
-        found = self._parses[key] = parse_served(engine, text, request, options)
+        if found is None:
+            found = self._parses[key] = parse_served(engine, text, request, options)
         return found

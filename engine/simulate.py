@@ -119,8 +119,8 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
     status is about those. `tokens=False`: prefixes as strings only (a re-run whose question is the string prefix).
-    `engine`: a spec, or its name (parsed here, once). `memo`: what the run that asks shares between cells and
-    blame's re-runs (engine.memo; a cell whose cause is asked makes its own)."""
+    `engine`: a spec, or its name (parsed here, once). `memo`: the engines' parses a cell whose cause is asked shares
+    with its re-runs (engine.memo; such a cell makes its own)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
