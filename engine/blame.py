@@ -72,8 +72,9 @@ class BlameContext:
 
 @dataclass(frozen=True)
 class _Trial:
-    """One undone change and what the re-run gave: the new common prefix (characters), whether it holds, and how many
-    characters of the next prompt the change touched (the smallest change that keeps the prefix is the cause)."""
+    """One undone change and what the re-run gave: the new common prefix (characters), whether it holds, and, when it
+    holds, how many characters of the next prompt the change touched (the smallest change that keeps the prefix is
+    the cause)."""
 
     common: int
     holds: bool
@@ -98,8 +99,10 @@ def _trial(rerun: Rerun, change: Change, original: Boundary | None = None) -> _T
     boundary = rerun(change)
     if boundary is None:
         return None
-    size = _change_size(original.next_prompt.text, boundary.next_prompt.text) if original is not None else 0
-    return _Trial(boundary.string_prefix.common, boundary.string_prefix.holds, size)
+    holds = boundary.string_prefix.holds
+    # The size decides only among trials that hold (the ranks read it for those alone).
+    size = _change_size(original.next_prompt.text, boundary.next_prompt.text) if original is not None and holds else 0
+    return _Trial(boundary.string_prefix.common, holds, size)
 
 
 def _prefix_words(boundary: Boundary, trial: _Trial) -> str:
@@ -688,9 +691,11 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     # prompt, since the previous prompt rendered it before the break.
     undo_from = max(target - 1, 0)
     try:
-        _, evaluations = counterfactual(boundary.next_request)
+        traced_text, evaluations = counterfactual(boundary.next_request)
     except Exception:  # noqa: BLE001 - the instrumented render is a second opinion; the emitting line stands
         return None
+    agreed = common_prefix(boundary.prev_text, traced_text)
+    runs_in_trace = _runs_by_construct(evaluations)
     table = table_of()
     constructs = table.constructs
     ran: dict[int, list] = {}
@@ -741,11 +746,15 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
     lines = renderer.source_lines()
     trials = []
     for group, change in path:
+        if _acts_after(change, runs_in_trace, agreed, boundary):
+            continue
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
     holding = 0
     for group, change in candidates[:MAX_TEMPLATE_CANDIDATES]:
+        if _acts_after(change, runs_in_trace, agreed, boundary):
+            continue
         trial = _trial(rerun, change, boundary)
         if trial is not None and trial.common > boundary.string_prefix.common:
             trials.append((trial, group, change))
@@ -864,6 +873,33 @@ def _template_counterfactual(boundary: Boundary, context: BlameContext, rerun: R
                     if isinstance(r.before, str) and isinstance(r.after, str) and r.before != r.after]
     return _Counterfactual(trial, (location, *others), f"{head.kind}:{head.name}", how,
                            _whitespace_change(changes_seen), change)
+
+
+def _acts_after(change: UndoTemplate, runs: dict[int, list[tuple[int, int | None]]], agreed: int,
+                boundary: Boundary) -> bool:
+    """Whether `change` cannot move the break, known from the trace without rendering it: the first run it changes
+    comes after the render had put out more than the `agreed` characters the traced prompt shares with the previous
+    sequence (Evaluation.emitted). The counterfactual prompt is the traced one up to there, so it breaks where the
+    traced one does, at `agreed`, which is not past the break. False where the trace does not count its output.
+    `runs`: each construct's runs in the trace, in order, as (message, emitted)."""
+    if agreed > boundary.string_prefix.common:
+        return False  # the traced prompt is not the next prompt (the bridge's): the re-run says
+    first = None
+    for ident in change.constructs | {ident for ident, _, _ in change.substitute}:
+        # The count only grows: a construct's first run that the change reaches is its earliest.
+        emitted = next((emitted for message, emitted in runs.get(ident, ())
+                        if change.message == -1 or message >= change.message), agreed + 1)
+        if emitted is None:
+            return False
+        first = emitted if first is None else min(first, emitted)
+    return first is None or first > agreed
+
+
+def _runs_by_construct(evaluations: list) -> dict[int, list[tuple[int, int | None]]]:
+    runs: dict[int, list[tuple[int, int | None]]] = {}
+    for evaluation in evaluations:
+        runs.setdefault(evaluation.construct, []).append((evaluation.message, evaluation.emitted))
+    return runs
 
 
 def _builds_markup(value: str, boundary: Boundary) -> bool:

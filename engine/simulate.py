@@ -18,6 +18,7 @@ from engine.client import client_call_ids, client_message, scripted_message, und
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
 from engine.formats.base import prompt_opens_reasoning
+from engine.memo import BlameMemo
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
 from engine.scenario import Scenario, load_scenario
@@ -112,13 +113,14 @@ class _Overrides:
 
 def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
                   user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
-                  stop_after: int | None = None, overrides: _Overrides | None = None, tokens: bool = True
-                  ) -> CellResult:
+                  stop_after: int | None = None, overrides: _Overrides | None = None, tokens: bool = True,
+                  memo: BlameMemo | None = None) -> CellResult:
     """A cell for an already loaded model (e.g. one with a custom template) and a scenario, by id or in memory (a
     fuzzed one); not cached. `hints=False`: the cause without its fix hint (engine.blame.explain_break).
     `stop_after=N`: only boundaries 1..N are computed (cause attribution asks whether one boundary holds), and the
     status is about those. `tokens=False`: prefixes as strings only (a re-run whose question is the string prefix).
-    `engine`: a spec, or its name (parsed here, once)."""
+    `engine`: a spec, or its name (parsed here, once). `memo`: the engines' parses a cell whose cause is asked shares
+    with its re-runs (engine.memo; such a cell makes its own)."""
     model_id = model.id
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
@@ -167,8 +169,10 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         return CellResult(**base, **serving_path(model, emulation, engine).to_json(), **fields)
     try:
         # The engine's parses are asked untraced: only the one at the break is traced, for its cause (below).
+        if memo is None and explain:
+            memo = BlameMemo()
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation,
-                                trace_parses=False, tokens=tokens, layers=layers)
+                                trace_parses=False, tokens=tokens, layers=layers, memo=memo)
     except _Unavailable as err:
         return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
@@ -197,14 +201,15 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         if engine.is_serving_engine and not broken.parse.edits and not broken.string_prefix.holds:
             # (a break in the ids alone is the tokenizer's: no parser line is cited)
             boundaries, broken = _traced_break(model, scenario, engine, kwargs, overrides, emulation, layers,
-                                               boundaries, broken)
+                                               boundaries, broken, memo)
         context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
-        rerun = _rerun_function(context, broken)
+        rerun = _rerun_function(context, broken, memo)
         if engine.has_layers:  # a runtime, a proxy or a flag is blamed first, by re-running without it
             from engine.layer_blame import explain_layer_break
 
             def cell_without(spec: EngineSpec) -> CellResult:
-                return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index)
+                return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index,
+                                     memo=memo)
 
             cause = explain_layer_break(broken, context, rerun, hints=hints, cell_without=cell_without)
         if cause is None:
@@ -214,14 +219,15 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
 
 def _traced_break(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                   overrides: _Overrides | None, emulation: EngineEmulation | None, layers: ColumnLayers | None,
-                  boundaries: tuple[Boundary, ...], broken: Boundary) -> tuple[tuple[Boundary, ...], Boundary]:
+                  boundaries: tuple[Boundary, ...], broken: Boundary, memo: BlameMemo | None = None
+                  ) -> tuple[tuple[Boundary, ...], Boundary]:
     """The cell's boundaries with the break's parse asked again with the line tracer, so that its edits cite the
     release's executed lines (a release's own code answers untraced; the tracer costs up to 150 ms a parse, so only
     the parse that a cause reads is traced). The other parses are the same jobs as before: answered from the result
     cache. Unchanged where the traced run does not give the same boundary."""
     try:
         again = _roundtrip(model, scenario, engine, kwargs, broken.index, overrides, emulation, trace_at=broken.index,
-                           layers=layers)
+                           layers=layers, memo=memo)
     except (_Unavailable, _Failed):
         return boundaries, broken
     traced = next((b for b in again if b.index == broken.index), None)
@@ -251,7 +257,8 @@ def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, 
     return CellResult(**base, status=status, boundaries=boundaries, note=note)
 
 
-def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | None]:
+def _rerun_function(context, broken: Boundary, memo: BlameMemo | None = None
+                    ) -> Callable[[Change], Boundary | None]:
     """What blame is given: the breaking boundary again, with one change applied (None: the re-run did not get that
     far, e.g. the changed request was refused)."""
     model, scenario, engine, user_kwargs = context.model, context.scenario, context.engine, context.user_kwargs
@@ -267,19 +274,21 @@ def _rerun_function(context, broken: Boundary) -> Callable[[Change], Boundary | 
             return rerender(model, change.base or broken, change)
         if isinstance(change, UseParse):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, parse=change.parse), tokens=False))
+                                             overrides=_Overrides(index, parse=change.parse), tokens=False,
+                                             memo=memo))
         if isinstance(change, UndoRequestEdit):
             return boundary_of(run_cell_with(model, scenario, engine, user_kwargs, explain=False, stop_after=index,
-                                             overrides=_Overrides(index, request_undo=change.edit), tokens=False))
+                                             overrides=_Overrides(index, request_undo=change.edit), tokens=False,
+                                             memo=memo))
         if isinstance(change, EchoingClient):
             echoing = replace(scenario, client={})
             return boundary_of(run_cell_with(model, echoing, engine, user_kwargs, explain=False, stop_after=index,
-                                             tokens=False))
+                                             tokens=False, memo=memo))
         if isinstance(change, WithKwargs):
             return boundary_of(run_cell_with(model, scenario, engine, {**user_kwargs, **change.kwargs},
-                                             explain=False, stop_after=index))
+                                             explain=False, memo=memo, stop_after=index))
         if isinstance(change, WithEngine):
-            return boundary_of(run_cell_with(model, scenario, change.engine, user_kwargs, explain=False,
+            return boundary_of(run_cell_with(model, scenario, change.engine, user_kwargs, explain=False, memo=memo,
                                              stop_after=index))
         raise TypeError(f"unknown change {change!r}")
 
@@ -318,12 +327,14 @@ class _Failed(ExplorerError):
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
                emulation: EngineEmulation | None = None, *, trace_parses: bool = True, tokens: bool = True,
-               trace_at: int | None = None, layers: ColumnLayers | None = None) -> tuple[Boundary, ...]:
+               trace_at: int | None = None, layers: ColumnLayers | None = None, memo: BlameMemo | None = None
+               ) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
     without the line tracer (a cell whose cause is not asked for: blame's re-runs, the app's grid), so no traced edit
     is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150; `trace_at=N` traces only the parse
     that boundary N follows. `layers`: the column's proxies, which rewrite each request the client sends and each
-    reply it gets (engine.serving.layers)."""
+    reply it gets (engine.serving.layers). `memo`: the engines' parses shared with the cell's other runs (blame's
+    re-runs)."""
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
@@ -431,10 +442,11 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                            chat_template_kwargs=kwargs, history_tool_calls=calls_so_far, tokenizer=model.tokenizer)
             text = emulation.output_text(completion.text, completion.stop_token, request["tool_parser"])
             traced_here = traced if trace_at in (None, len(boundaries) + 1) else False
-            try:
-                emulation, parsed = parse_served(emulation, text, request, {
-                    "force_reasoning": reasoning_forced(model, prompt.text), "trace": traced_here,
-                    "added_tokens": model.spec.added_tokens})
+            options = {"force_reasoning": reasoning_forced(model, prompt.text), "trace": traced_here,
+                       "added_tokens": model.spec.added_tokens}
+            try:  # (a re-run asks again what the cell asked before its change: from the memo)
+                emulation, parsed = (memo.parse if memo is not None else _unmemoised)(parse_served, emulation, text,
+                                                                                      request, options)
             except (ValueError, NotImplementedError, ExplorerError) as err:
                 raise _Unavailable(str(err)) from err
             if parsed.error:
@@ -456,6 +468,10 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
         history.append(client_message(got, call_ids, **scenario.client))
         pending = (prompt, prompt_ids, completion, completion_ids, parsed, len(history) - 1)
     return tuple(boundaries)
+
+
+def _unmemoised(parse: Callable[..., tuple[Any, ParseResult]], *args: Any) -> tuple[Any, ParseResult]:
+    return parse(*args)
 
 
 # What transformers' apply_chat_template takes as its own arguments, not as template variables.

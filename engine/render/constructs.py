@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import jinja2
@@ -95,6 +95,9 @@ class Evaluation:
     message: int
     before: object = None  # an op's input; a condition's value; a binding's value (text and numbers only)
     after: object = None  # an op's result; for a binding, the `loop.index0` of the loop over that message, if any
+    # How many characters of the prompt the render had put out when the construct ran (None: not known). Everything
+    # before that is the same in any render that changes only this run or later ones.
+    emitted: int | None = None
 
 
 @dataclass
@@ -107,6 +110,8 @@ class _Run:
     substitute: dict[int, dict[str, object]] = field(default_factory=dict)
     record: bool = True
     evaluations: list[Evaluation] = field(default_factory=list)
+    emitted: int | None = None  # characters put out so far, where the render counts them (a template's)
+    caller: object = None  # the frame that started the render: the frames of its template are all below it
 
 
 def substitution_key(value: object) -> str | None:
@@ -375,10 +380,23 @@ class InstrumentedTemplate:
         result, while message `undo_from` or a later one is being rendered. Every construct's runs are recorded when
         nothing is changed (a trace); a changed render records nothing."""
         template = self._template
-        # Template.render without its traceback rewriting: a counterfactual that fails only needs to fail.
-        return self.run(lambda: template.environment.concat(template.root_render_func(template.new_context(
-            {"messages": chat, **variables}))), {id(m): i for i, m in enumerate(chat)},
-            undo_from=undo_from, undo=undo, substitute=substitute)
+
+        def counted(pieces: Iterator[str]) -> Iterator[str]:
+            # A trace counts what the template has put out when each construct runs (Evaluation.emitted): the root
+            # render yields its output in order (a macro's or a block's when it is done, so a count is never ahead).
+            run = self._local.run
+            run.emitted = 0
+            for piece in pieces:
+                run.emitted += len(piece)
+                yield piece
+
+        def call() -> str:
+            # Template.render without its traceback rewriting: a counterfactual that fails only needs to fail.
+            pieces = template.root_render_func(template.new_context({"messages": chat, **variables}))
+            return template.environment.concat(counted(pieces) if not undo and not substitute else pieces)
+
+        return self.run(call, {id(m): i for i, m in enumerate(chat)}, undo_from=undo_from, undo=undo,
+                        substitute=substitute)
 
     def run(self, call: Callable[[], str], message_ids: dict[int, int], *, undo_from: int | None = None,
             undo: frozenset[int] = frozenset(), substitute: dict[int, dict[str, object]] | None = None
@@ -387,12 +405,13 @@ class InstrumentedTemplate:
         `_message_of_frame` reads off a frame to the conversation's message index."""
         substitute = dict(substitute or {})
         run = _Run(message_ids, undo_from, frozenset(undo) | frozenset(substitute), substitute,
-                   record=not undo and not substitute)
+                   record=not undo and not substitute, caller=sys._getframe())
         self._local.run = run
         try:
             text = call()
         finally:
             self._local.run = None
+            run.caller = None
         return text, run.evaluations
 
     def _message(self, run: _Run) -> int:
@@ -401,7 +420,9 @@ class InstrumentedTemplate:
     def _message_frame(self, run: _Run) -> tuple[int, object]:
         """The message being rendered, and the template's frame that renders it (None: outside any message)."""
         frame = sys._getframe(1)
-        while frame is not None:
+        caller = run.caller
+        # Up to the frame that started the render (a construct outside any message would walk the whole stack).
+        while frame is not None and frame is not caller:
             if frame.f_code.co_filename == self._filename:
                 found = self._message_of_frame(frame, run)
                 if found is not None:
@@ -426,7 +447,7 @@ class InstrumentedTemplate:
             return result  # the common case of a counterfactual render: this construct is left as it is
         message = self._message_if_wanted(run, ident)
         if run.record:
-            run.evaluations.append(Evaluation(ident, message, value, result))
+            run.evaluations.append(Evaluation(ident, message, value, result, run.emitted))
         if not self._undone(run, ident, message):
             return result
         if ident in run.substitute:
@@ -439,7 +460,7 @@ class InstrumentedTemplate:
             return test
         message = self._message_if_wanted(run, ident)
         if run.record:
-            run.evaluations.append(Evaluation(ident, message, bool(test)))
+            run.evaluations.append(Evaluation(ident, message, bool(test), None, run.emitted))
         return (not test) if self._undone(run, ident, message) else test
 
     def _set(self, ident: int, value: object) -> object:
@@ -450,7 +471,8 @@ class InstrumentedTemplate:
             return value  # a namespace, a list of messages: never compared nor substituted, not worth a frame walk
         message, frame = self._message_frame(run)
         if run.record:
-            run.evaluations.append(Evaluation(ident, message, _recordable(value), _loop_index(frame, run)))
+            run.evaluations.append(Evaluation(ident, message, _recordable(value), _loop_index(frame, run),
+                                                  run.emitted))
         replacements = run.substitute.get(ident)
         if replacements and self._undone(run, ident, message):
             key = substitution_key(value)
@@ -464,7 +486,7 @@ class InstrumentedTemplate:
             return value
         message = self._message_if_wanted(run, ident)
         if run.record:
-            run.evaluations.append(Evaluation(ident, message, value))
+            run.evaluations.append(Evaluation(ident, message, value, None, run.emitted))
         if not self._undone(run, ident, message):
             return value
         if ident in run.substitute:
