@@ -165,10 +165,14 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
 def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
     """Start the workers of these (engine, version) releases without waiting for them: a release's imports take about
     a second, which then run beside the caller's own work (the matrix's templates and tokenizers) instead of before
-    its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask)."""
+    its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask) and
+    whose answers the result cache does not hold yet (a warm release would start a worker nobody asks)."""
     limits = WorkerLimits.from_env()
+    cache = result_cache() if persisted_results_enabled() else None
     for engine, version in releases:
         spec = f"{engine}@{version}"
+        if cache is not None and cache.holds_answers_of(spec):
+            continue
         with _WORKERS_LOCK:
             if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
                 continue
