@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from engine.call_ids import SessionCallIds
+from engine.cause_store import cause_key, store_cause, stored_cause
 from engine.client import client_call_ids, client_message, scripted_message, undo_request_edit
 from engine.errors import ExplorerError, RenderError
 from engine.formats import AssistantTurn, Completion, Knobs, get_format
@@ -202,18 +203,26 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
             # (a break in the ids alone is the tokenizer's: no parser line is cited)
             boundaries, broken = _traced_break(model, scenario, engine, kwargs, overrides, emulation, layers,
                                                boundaries, broken, memo)
-        context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
-        rerun = _rerun_function(context, broken, memo)
-        if engine.has_layers:  # a runtime, a proxy or a flag is blamed first, by re-running without it
-            from engine.layer_blame import explain_layer_break
-
-            def cell_without(spec: EngineSpec) -> CellResult:
-                return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index,
-                                     memo=memo)
-
-            cause = explain_layer_break(broken, context, rerun, hints=hints, cell_without=cell_without)
+        # A cell that breaks exactly as it broke when its cause was proved takes that cause from the store (a
+        # whole cell's re-run, not a part of one: overrides and stop_after leave it out)
+        key = cause_key(model, scenario, engine, user_kwargs, kwargs, hints, boundaries) \
+            if overrides is None and stop_after is None and tokens else None
+        cause = stored_cause(key) if key is not None else None
         if cause is None:
-            cause = explain_break(broken, context, rerun, hints=hints)
+            context = BlameContext(model, scenario, engine, user_kwargs, kwargs)
+            rerun = _rerun_function(context, broken, memo)
+            if engine.has_layers:  # a runtime, a proxy or a flag is blamed first, by re-running without it
+                from engine.layer_blame import explain_layer_break
+
+                def cell_without(spec: EngineSpec) -> CellResult:
+                    return run_cell_with(model, scenario, spec, user_kwargs, hints=hints, stop_after=broken.index,
+                                         memo=memo)
+
+                cause = explain_layer_break(broken, context, rerun, hints=hints, cell_without=cell_without)
+            if cause is None:
+                cause = explain_break(broken, context, rerun, hints=hints)
+            if key is not None:
+                store_cause(key, cause)
     return cell(status=Status.BREAKS, boundaries=boundaries, cause=cause, note=note)
 
 

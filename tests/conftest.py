@@ -16,6 +16,11 @@ sys.path.insert(0, str(ROOT))
 for _name, _seconds in (("DRIFT_ENGINE_STARTUP_TIMEOUT_S", "600"), ("DRIFT_ENGINE_PARSE_TIMEOUT_S", "300")):
     os.environ.setdefault(_name, _seconds)
 
+# Causes are searched for, not read from the store of causes proved by an earlier run (engine/cause_store.py): the
+# suite checks the search, and a test that monkeypatches the explorer's code changes what no stored key covers.
+# tests/test_cause_store.py turns the store on for itself.
+os.environ["DRIFT_CAUSE_STORE"] = "0"
+
 # The bound on one run of the app's script in streamlit.testing's AppTest (a first run computes the default matrix):
 # a bound for a hang, not a speed test, generous for a loaded machine.
 APP_RUN_BOUND_S = 600

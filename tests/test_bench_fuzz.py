@@ -128,7 +128,8 @@ def test_bench_json_contract() -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     for key in ("cold_start_s", "matrix_s", "cell_median_ms", "floor_s", "ratio_to_floor", "naive_s",
-                "speedup_vs_naive", "peak_rss_mb", "matrix_cold_s", "ratio_cold_to_floor", "matrix_without_causes_s"):
+                "speedup_vs_naive", "peak_rss_mb", "matrix_cold_s", "ratio_cold_to_floor", "matrix_without_causes_s",
+                "matrix_causes_searched_s", "ratio_causes_searched_to_floor", "speedup_causes_searched_vs_naive"):
         assert isinstance(data[key], float) and data[key] > 0, key
     assert 0 <= data["blame_share"] < 1
     # qwen3.5's pinned columns are the emulations: no release's worker answers, nothing is kept or read back

@@ -1,0 +1,99 @@
+"""Causes kept across runs: a broken cell's cause, found by re-running the cell with each candidate change undone
+(engine.blame), stored in the engine cache's result store (engine.serving.real.results, under `causes/`) and read back
+when the same cell breaks the same way again.
+
+The key covers everything the search reads: the explorer's own code and data (every module of `engine`, the model
+manifests, the installed packages' versions), the model's assets by hash, the scenario, the column, the kwargs, and
+the cell's boundaries as this run computed them (prompts, ids, the completion, the engine's parse and edits). The
+cell itself is always computed; only the search is skipped, and only for a cell that breaks exactly as it broke when
+its cause was proved. A template changed, a tokenizer replaced, a release's code or this package edited: another key,
+and the cause is searched for again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from engine.scenario import Scenario
+from engine.serving.real.results import persisted_results_enabled, result_cache
+from engine.serving.spec import EngineSpec
+from engine.types import Boundary, Cause, Contrast, Edit, Fix, Location
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = "causes"  # the result store's folder for them
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """The sha256 of the code and data a cause is computed with: every module of `engine`, the model manifests and
+    the versions of the packages requirements.txt installs (transformers, jinja2, tokenizers, …)."""
+    digest = hashlib.sha256()
+    for path in [*sorted((ROOT / "engine").rglob("*.py")), *sorted((ROOT / "model_assets").rglob("*"))]:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        name = re.match(r"\s*([A-Za-z0-9_.\-]+)", line.split("#", 1)[0])
+        if name:
+            try:
+                version = importlib.metadata.version(name.group(1))
+            except importlib.metadata.PackageNotFoundError:
+                version = "-"
+            digest.update(f"{name.group(1)}=={version}\0".encode())
+    return digest.hexdigest()
+
+
+def _boundary_material(b: Boundary) -> list[Any]:
+    return [b.index, b.trigger, b.prev_prompt.text, b.next_prompt.text, repr(b.completion), b.completion_ids,
+            b.prev_prompt_ids, b.next_ids, repr(b.parse), repr(b.request_edits)]
+
+
+def cause_key(model: Any, scenario: Scenario, engine: EngineSpec, user_kwargs: dict, kwargs: dict, hints: bool,
+              boundaries: tuple[Boundary, ...]) -> str | None:
+    """The key of this cell's cause in the store, or None when causes are not kept (DRIFT_CAUSE_STORE=0, or
+    DRIFT_RESULT_CACHE=0: no persisted answers at all)."""
+    if not persisted_results_enabled() or os.environ.get("DRIFT_CAUSE_STORE", "1") == "0":
+        return None
+    material = [code_fingerprint(), model.id, sorted(model.asset_hashes.items()), repr(scenario), str(engine),
+                user_kwargs, kwargs, hints, [_boundary_material(b) for b in boundaries]]
+    return hashlib.sha256(json.dumps(material, ensure_ascii=True, default=repr).encode()).hexdigest()
+
+
+def stored_cause(key: str) -> Cause | None:
+    entry = result_cache().get(STORE, key)
+    return cause_from_json(entry["cause"]) if entry is not None else None
+
+
+def store_cause(key: str, cause: Cause) -> None:
+    result_cache().put(STORE, key, {"cause": cause_to_json(cause)})
+
+
+def cause_to_json(cause: Cause) -> dict:
+    """Every field, losslessly (Cause.to_json is the evidence's shape, which leaves some out)."""
+    def encode(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [encode(v) for v in value]
+        return value
+
+    return encode(cause)
+
+
+def cause_from_json(data: dict) -> Cause:
+    def location(d: dict) -> Location:
+        return Location(**d)
+
+    edit = data["edit"]
+    return Cause(stage=data["stage"], kind=data["kind"], locations=tuple(location(d) for d in data["locations"]),
+                 changed=data["changed"], fix=Fix(**data["fix"]) if data["fix"] else None, proof=data["proof"],
+                 detail=data["detail"],
+                 edit=Edit(**{**edit, "location": location(edit["location"])}) if edit else None,
+                 contrast=Contrast(**data["contrast"]) if data["contrast"] else None)
