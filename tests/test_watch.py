@@ -300,3 +300,28 @@ def test_a_full_analysis_queue_drops_and_counts_but_records_everything(tmp_path)
     assert full.get(timeout=BOUND_S)[0] == 1  # the one line the queue had room for; then the end of the frames
     assert full.get(timeout=BOUND_S) is None
     thread.join(BOUND_S)
+
+
+def test_a_finished_response_leaves_its_connection_to_the_next_request(running):
+    """The proxy's pool keeps a connection whose response ended whole, streamed or not, and the next request goes on
+    it (httptools says keep-alive only until the message completes: asked later, every connection was closed and
+    every request paid a new one)."""
+    from engine.watch.connections import UpstreamPool
+
+    upstream_origin = running["watch"].settings.origin
+    request = recorded_sessions(SAMPLE)["tool-call-1"][0]
+
+    async def two() -> None:
+        pool = UpstreamPool(upstream_origin)
+        used = []
+        for stream in (True, False):
+            response = await pool.request("POST", "/v1/chat/completions", [(b"content-type", b"application/json")],
+                                          session_request(request, "pool", stream))
+            async for _ in response.body():
+                pass
+            used.append(response.connection)
+            response.release()
+            assert list(pool.idle) == [used[0]]
+        pool.close()
+
+    asyncio.run(two())
