@@ -255,6 +255,7 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
         roles = {pid: role for role, pid in _wait(state_url, lambda state: state.get("analysis") == "ready")
                  ["pids"].items()}
         watch_pids = [watch.pid, *_children(watch.pid)]
+        watch_pids += [c for p in watch_pids[1:] for c in _children(p)]  # the recorder's analysis process
         names = {p: roles.get(p, _name(p)) for p in watch_pids}
         idle = {names[p]: round(_status_field(p, "VmRSS") or 0.0, 1) for p in watch_pids}
         sampler = _MemorySampler(watch_pids)
