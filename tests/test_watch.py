@@ -27,8 +27,8 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.traces.report import analyse_trace
-from engine.watch.live import read_watch
+from engine.traces.report import ParkedSessions, analyse_trace
+from engine.watch.live import LiveAnalysis, read_watch
 from engine.watch.proxy import Watch, WatchSettings
 from engine.watch.record import Exchange, Recorder, exchange_frame, upstream_body
 from engine.watch.upstream import ReplayUpstream, load_completions, recorded_sessions, session_request
@@ -364,3 +364,24 @@ def test_a_finished_response_leaves_its_connection_to_the_next_request(running):
         pool.close()
 
     asyncio.run(two())
+
+
+def test_idle_sessions_are_parked_and_come_back_the_same(tmp_path, qwen35):
+    """Every session parked after every request (idle after 0 s): what its next request needs is on disk, not in
+    memory (the builder keeps its steps only), and each next request takes it back and gets the same step, so the
+    live report is still `trace`'s on the same records."""
+    records_file = tmp_path / "records.jsonl"
+    records_file.write_text(SAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    parking = ParkedSessions(tmp_path / "parked")
+    live = LiveAnalysis(qwen35, "vllm@0.33.0", 16, "records.jsonl", parking, session_idle_s=0)
+    for n, line in enumerate(records_file.read_text(encoding="utf-8").splitlines(keepends=True), start=1):
+        assert live.add_line(n, line)["type"] == "span"
+        builders = live.analysis.builders
+        assert len(parking) == len(builders) and not live.analysis.active
+        assert all(b.previous == () and b.previous_request is None and b.frontier == [] and
+                   all(s.prompt_ids is None and s.previous_sequence_ids is None for s in b.steps)
+                   for b in builders.values())
+        assert sorted(p.name for p in (tmp_path / "parked").iterdir()) == \
+            sorted(path.name for path in parking.files.values())
+    assert parking.made == 11 and len(parking) == 5  # 11 requests, 5 sessions: 6 came back from disk
+    assert live.state()["report"] == analyse_trace(records_file, qwen35, engine="vllm@0.33.0").to_json()

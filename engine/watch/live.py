@@ -26,6 +26,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import sys
 import time
 from collections import deque
@@ -39,7 +40,7 @@ from engine.models import LoadedModel
 from engine.render.cache import CachedRenderer
 from engine.tokenize import SegmentCachedTokenizer
 from engine.traces.readers import openai_record
-from engine.traces.report import TraceAnalysis
+from engine.traces.report import ParkedSessions, TraceAnalysis
 from engine.traces.truth import TraceStep
 from engine.traces.why import Replay
 from engine.watch.record import LIVE_NAME, STATUS_NAME, AnalysisSettings, write_json_atomic
@@ -47,6 +48,8 @@ from engine.watch.record import LIVE_NAME, STATUS_NAME, AnalysisSettings, write_
 LIVE_FORMAT = "drift-watch-live/1"
 WRITE_EVERY_S = 0.5  # live.json is rewritten at most this often (and when the queue runs dry, and at the end)
 WRITE_SHARE = 0.1  # and never takes more than this share of the analysis' time: its cost grows with the sessions
+SESSION_IDLE_S = 300.0  # a session silent this long is parked: what its next request needs goes to disk
+PARKED_NAME = "parked"  # the folder beside the records, for this run of the analysis only
 
 
 def predicted_cached(step: TraceStep, block_size: int) -> int:
@@ -59,8 +62,10 @@ def predicted_cached(step: TraceStep, block_size: int) -> int:
 class LiveAnalysis:
     """Recorded lines in, one event per request out; `state()` is what live.json holds."""
 
-    def __init__(self, model: LoadedModel, engine: str | None, block_size: int, records_name: str) -> None:
-        self.analysis = TraceAnalysis(model, engine=engine, block_size=block_size)
+    def __init__(self, model: LoadedModel, engine: str | None, block_size: int, records_name: str,
+                 parking: ParkedSessions | None = None, session_idle_s: float = SESSION_IDLE_S) -> None:
+        self.analysis = TraceAnalysis(model, engine=engine, block_size=block_size, parking=parking)
+        self.session_idle_s = session_idle_s
         self.block_size, self.records_name = block_size, records_name
         self.engine = engine
         self.analysed = 0
@@ -83,6 +88,7 @@ class LiveAnalysis:
             self.errors.append(sentence)
             return {"type": "error", "line": line_no, "sentence": sentence}
         self.analysed += 1
+        self.analysis.park_idle(self.session_idle_s)
         return {"type": "span", "new_session": len(self.analysis.builders) > sessions,
                 **self._span(line_no, key, step, replay)}
 
@@ -215,7 +221,7 @@ def run_analysis(settings: AnalysisSettings) -> None:
     live = None
     try:
         live = LiveAnalysis(watch_model(load_model(settings.model)), settings.engine, settings.block_size,
-                            settings.records_name)
+                            settings.records_name, ParkedSessions(folder / PARKED_NAME), settings.session_idle_s)
     except ExplorerError as err:
         send({"type": "fatal", "sentence": str(err)})
     else:
@@ -227,6 +233,7 @@ def run_analysis(settings: AnalysisSettings) -> None:
     _analyse(live, _Lines(0), send, folder / LIVE_NAME)
     if live is not None:
         write_json_atomic(folder / LIVE_NAME, live.state())
+    shutil.rmtree(folder / PARKED_NAME, ignore_errors=True)
     send({"type": "done", "analysed": live.analysed if live else 0})
 
 
@@ -238,6 +245,8 @@ def _analyse(live: LiveAnalysis | None, lines: _Lines, send: Callable[[dict[str,
             item = lines.next(WRITE_EVERY_S)
         except EOFError:
             return
+        if item is None and live is not None:
+            live.analysis.park_idle(live.session_idle_s)  # no traffic: sessions still go idle
         if item is not None:
             if live is None:
                 send({"type": "skipped", "line": item[0]})

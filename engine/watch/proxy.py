@@ -82,6 +82,7 @@ class WatchSettings:
     block_size: int = 16
     queue_size: int = 256  # exchanges waiting for the analysis at most
     analysis_nice: int | None = None  # None: the analysis is SCHED_IDLE (live.py: lowest_priority)
+    session_idle_s: float = 300.0  # a session silent this long is parked by the analysis (live.py)
 
     @property
     def origin(self) -> str:
@@ -338,7 +339,7 @@ class Watch:
             pass  # the system's default pipe size; frames wait in the sink beyond it
         settings = AnalysisSettings(self.settings.model, self.settings.engine, self.settings.block_size,
                                     str(self.folder), RECORDS_NAME, self.settings.queue_size,
-                                    self.settings.analysis_nice, self._base())
+                                    self.settings.analysis_nice, self.settings.session_idle_s, self._base())
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                             *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.process = subprocess.Popen(

@@ -70,6 +70,7 @@ class AnalysisSettings:
     records_name: str
     queue_size: int  # lines waiting for the analysis at most
     analysis_nice: int | None = None  # None: the analysis runs as SCHED_IDLE (live.py: `lowest_priority`)
+    session_idle_s: float = 300.0  # a session silent this long is parked (live.py)
     status_base: dict[str, Any] = field(default_factory=dict)  # what status.json says of the watch's settings
 
 
