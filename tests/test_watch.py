@@ -341,17 +341,17 @@ def test_the_analysis_runs_at_the_lowest_priority(tmp_path):
     assert watch.status()["analysis"].startswith("failed")
 
 
-def test_a_finished_response_leaves_its_connection_to_the_next_request(running):
+def test_a_finished_response_leaves_its_connection_to_the_next_request():
     """The proxy's pool keeps a connection whose response ended whole, streamed or not, and the next request goes on
     it (httptools says keep-alive only until the message completes: asked later, every connection was closed and
     every request paid a new one)."""
     from engine.watch.connections import UpstreamPool
 
-    upstream_origin = running["watch"].settings.origin
+    server, thread, port = serve(ReplayUpstream(load_completions(SAMPLE)))
     request = recorded_sessions(SAMPLE)["tool-call-1"][0]
 
     async def two() -> None:
-        pool = UpstreamPool(upstream_origin)
+        pool = UpstreamPool(f"http://127.0.0.1:{port}")
         used = []
         for stream in (True, False):
             response = await pool.request("POST", "/v1/chat/completions", [(b"content-type", b"application/json")],
@@ -363,7 +363,11 @@ def test_a_finished_response_leaves_its_connection_to_the_next_request(running):
             assert list(pool.idle) == [used[0]]
         pool.close()
 
-    asyncio.run(two())
+    try:
+        asyncio.run(two())
+    finally:
+        server.should_exit = True
+        thread.join(60)
 
 
 def test_idle_sessions_are_parked_and_come_back_the_same(tmp_path, qwen35):
