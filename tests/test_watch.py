@@ -389,3 +389,24 @@ def test_idle_sessions_are_parked_and_come_back_the_same(tmp_path, qwen35):
             sorted(path.name for path in parking.files.values())
     assert parking.made == 11 and len(parking) == 5  # 11 requests, 5 sessions: 6 came back from disk
     assert live.state()["report"] == analyse_trace(records_file, qwen35, engine="vllm@0.33.0").to_json()
+
+
+def test_an_unreachable_upstream_is_a_502_and_a_record(tmp_path):
+    """Nothing listens upstream: the client gets a 502 with one sentence, the exchange is recorded (its response body
+    empty) as upstream-unreachable, and the proxy goes on answering."""
+    watch = Watch(WatchSettings("http://127.0.0.1:9/v1", "no-such-model", out_dir=str(tmp_path)))
+    watch.start()
+    server, thread, port = serve(watch.app)
+    try:
+        for n in (1, 2):
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=b'{"messages": []}',
+                                timeout=BOUND_S)
+            assert answer.status_code == 502
+            assert answer.json()["error"]["type"] == "upstream_unreachable"
+            wait_until(lambda n=n: recorded(watch) == n, "the exchange to be recorded")
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        watch.stop()
+    assert [(r["watch"]["outcome"], r["watch"]["body"]) for r in records(tmp_path)] == \
+        [("upstream-unreachable", "")] * 2

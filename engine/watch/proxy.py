@@ -124,7 +124,7 @@ class FrameSink:
     def put(self, exchange: Exchange) -> None:
         if self.broken:
             return
-        frame = exchange_frame(exchange)
+        frame = [piece for piece in exchange_frame(exchange) if piece]  # an empty body is no piece to write
         self.pieces.extend(frame)
         self.pending_bytes += sum(len(piece) for piece in frame)
         if not self.waiting:
@@ -135,7 +135,7 @@ class FrameSink:
             while self.pieces:
                 written = os.writev(self.fd, [self.pieces[i] for i in range(min(len(self.pieces), 64))])
                 self.pending_bytes -= written
-                while written and written >= len(self.pieces[0]):
+                while self.pieces and written >= len(self.pieces[0]):
                     written -= len(self.pieces.popleft())
                 if written:
                     self.pieces[0] = memoryview(self.pieces[0])[written:]
@@ -158,7 +158,7 @@ class FrameSink:
         try:
             while self.pieces and not self.broken:
                 written = os.writev(self.fd, [self.pieces[i] for i in range(min(len(self.pieces), 64))])
-                while written and written >= len(self.pieces[0]):
+                while self.pieces and written >= len(self.pieces[0]):
                     written -= len(self.pieces.popleft())
                 if written:
                     self.pieces[0] = memoryview(self.pieces[0])[written:]
