@@ -256,8 +256,9 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
         _wait(f"http://127.0.0.1:{up_port}/v1/models", lambda answer: True)
         roles = {pid: role for role, pid in _wait(state_url, lambda state: state.get("analysis") == "ready")
                  ["pids"].items()}
-        watch_pids = [watch.pid, *_children(watch.pid)]
-        watch_pids += [c for p in watch_pids[1:] for c in _children(p)]  # the recorder's analysis process
+        watch_pids = [watch.pid]
+        for pid in watch_pids:  # every descendant: the recorder, its analysis process, any engine worker of that
+            watch_pids += [c for c in _children(pid) if c not in watch_pids]
         names = {p: roles.get(p, _name(p)) for p in watch_pids}
         idle = {names[p]: round(_status_field(p, "VmRSS") or 0.0, 1) for p in watch_pids}
         sampler = _MemorySampler(watch_pids)
