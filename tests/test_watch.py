@@ -206,6 +206,9 @@ def test_trace_on_the_records_gives_the_live_sessions_and_breaks(played, qwen35)
     assert 'drift_watch_breaks_total{kind="reasoning-dropped",location="Qwen-Qwen3.5-0.8B.jinja:100-103",' \
            f'stage="template"}} {2.0 * COPIES}' in text
     assert f"drift_watch_analysed_requests_total {float(played['total'])}" in text
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names)) and "drift_watch_passthrough_requests_total" in names  # the proxy's too
+    assert not [name for name in names if name.endswith("_created")]
 
 
 def test_measured_and_predicted_reuse_side_by_side(played):

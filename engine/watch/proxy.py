@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from engine.errors import ExplorerError
 from engine.watch.connections import ClientGone, Response, UpstreamBroke, UpstreamPool
@@ -173,6 +180,7 @@ class ProxyMetrics:
     """What only the proxy counts (the rest is the recorder's metrics.prom)."""
 
     def __init__(self, sink: FrameSink) -> None:
+        disable_created_metrics()  # no *_created series beside each counter, as the recorder's metrics
         self.registry = CollectorRegistry()
         self.passthrough = Counter("drift_watch_passthrough_requests", "other requests passed through (not "
                                    "recorded)", registry=self.registry)
