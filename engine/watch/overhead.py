@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -315,6 +316,7 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
+        shutil.rmtree(out, ignore_errors=True)  # the run's records: tens of MB a run, read by nothing after it
 
 
 def watch_text(section: dict[str, Any]) -> list[str]:
