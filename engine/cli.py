@@ -560,7 +560,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise ExplorerError(f"watch: --block-size must be at least 1, got {args.block_size}")
     if args.queue < 1:
         raise ExplorerError(f"watch: --queue must be at least 1, got {args.queue}")
-    settings = WatchSettings(upstream, args.model, engine, args.host, args.port, args.out, args.block_size, args.queue)
+    if args.analysis_nice is not None and not 0 <= args.analysis_nice <= 19:
+        raise ExplorerError(f"watch: --analysis-nice must be from 0 to 19, got {args.analysis_nice}")
+    if not args.session_idle >= 0:
+        raise ExplorerError(f"watch: --session-idle must be 0 or more seconds, got {args.session_idle}")
+    settings = WatchSettings(upstream, args.model, engine, args.host, args.port, args.out, args.block_size, args.queue,
+                             args.analysis_nice, args.session_idle)
     watch = Watch(settings)
     watch.start()
     print(f"drift watch: http://{args.host}:{args.port}{settings.chat_path.rsplit('/chat/', 1)[0]} -> {upstream}; "
@@ -739,6 +744,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "block-granular figures and the cached-tokens comparison)")
     watch.add_argument("--queue", type=int, default=256, metavar="N", help="exchanges waiting for the analysis at "
                        "most; more are recorded but not analysed live (counted)")
+    watch.add_argument("--analysis-nice", type=int, metavar="N", help="run the analysis at nice N instead of "
+                       "SCHED_IDLE (the default: it takes only CPU time nothing else wants, and falls behind, "
+                       "dropping past --queue, while the machine is busy)")
+    watch.add_argument("--session-idle", type=float, default=300.0, metavar="S", help="seconds after which a "
+                       "silent session's state goes to disk (its next request takes it back; default 300)")
     watch.set_defaults(func=cmd_watch)
     return parser
 

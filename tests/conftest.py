@@ -256,6 +256,7 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_a_client_that_goes_away_mid_stream": (SLOW,),
         "test_error_statuses_odd_bodies_and_other_paths_pass_through": (SLOW,),
         "test_an_evicted_cache_is_a_disagreement_below_the_prediction": (SLOW,),
+        "test_idle_sessions_are_parked_and_come_back_the_same": (SLOW,),  # replays the sample's breaks
     },
     "test_watch_page.py": {  # the module fixture loads qwen3.5 and replays every sample break; the page runs the app
         "test_the_snapshot_lists_every_break_in_record_order": (SLOW,),

@@ -482,3 +482,95 @@ def test_release_strip_fills_in_and_a_click_opens_that_release(page, app_url) ->
     page.mouse.up()
     page.get_by_text("qwen3.6 × tool-call × sglang@0.5.12: holds").wait_for(timeout=60_000)
     page.wait_for_url(re.compile("cell_engine=real%3Asglang%400.5.12"))
+
+
+def test_the_live_page_shows_what_trace_finds_on_a_watched_run(page, app_url, tmp_path, qwen35) -> None:
+    """A real watch (`Watch`: the proxy under uvicorn, its recorder and analysis processes) in front of the replay
+    upstream, the sample's five sessions played through it, one streamed and one not in turn; then the Live page in
+    Chromium, pointed at the watch's folder, lists the sessions and the breaks that `trace` finds on the records the
+    watch wrote: each session's requests, breaks and tokens of cache lost; each break's session, request, cause,
+    place and record line."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import uvicorn
+    from playwright.sync_api import expect
+
+    from engine.traces.report import analyse_trace
+    from engine.watch.proxy import Watch, WatchSettings
+    from engine.watch.upstream import ReplayUpstream, load_completions, recorded_sessions, session_request
+
+    sample = ROOT / "samples" / "traces" / "openai.jsonl"
+    bound_s = 600  # a bound for a hang, not a speed
+
+    def wait_until(predicate, what: str):
+        deadline = time.monotonic() + bound_s
+        while not (value := predicate()):
+            assert time.monotonic() < deadline, f"waited {bound_s} s for {what}"
+            time.sleep(0.05)  # a poll interval
+        return value
+
+    def serve(app) -> tuple[uvicorn.Server, threading.Thread, int]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, "a server to start")
+        return server, thread, sock.getsockname()[1]
+
+    up_server, up_thread, up_port = serve(ReplayUpstream(load_completions(sample)))
+    out = tmp_path / "watch"
+    # nice 10, not SCHED_IDLE: beside other CPU-bound jobs an idle-class analysis would wait for them all
+    watch = Watch(WatchSettings(f"http://127.0.0.1:{up_port}/v1", "qwen3.5", "vllm@0.33.0", out_dir=str(out),
+                                analysis_nice=10))
+    watch.start()
+    server, thread, port = serve(watch.app)
+    sessions = recorded_sessions(sample)
+
+    async def play() -> None:
+        async with httpx.AsyncClient(timeout=bound_s) as client:
+            async def one(n: int, name: str) -> None:
+                for request in sessions[name]:
+                    answer = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                               content=session_request(request, name, n % 2 == 0),
+                                               headers={"content-type": "application/json"})
+                    assert answer.status_code == 200, answer.text
+
+            await asyncio.gather(*(one(n, name) for n, name in enumerate(sorted(sessions))))
+
+    try:
+        with ThreadPoolExecutor(1) as player:  # Playwright holds this thread's event loop
+            player.submit(lambda: asyncio.run(play())).result(bound_s)
+        total = sum(len(requests) for requests in sessions.values())
+        wait_until(lambda: watch.status()["recorded"] == total and watch.status()["analysed"] == total,
+                   "the watch to record and analyse every exchange")
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        watch.stop()
+        up_server.should_exit = True
+        up_thread.join(60)
+    report = analyse_trace(out / "records.jsonl", qwen35, engine="vllm@0.33.0").to_json()
+    expected_sessions = [[str(s["session"]), s["key"], str(len(s["requests"])), str(s["totals"]["breaks"]),
+                          str(s["totals"]["lost_tokens"])] for s in report["sessions"]]
+    expected_breaks = [[str(s["session"]), str(r["index"]), f"{r['cause']['stage']} ({r['cause']['kind']})",
+                        r["cause"]["location"], s["key"], r["where"]]
+                       for s in report["sessions"] for r in s["requests"] if r["breaks"]]
+    assert len(expected_sessions) == 5 and len(expected_breaks) == 4  # the sample's: tests/test_traces.py pins them
+
+    page.goto(f"{app_url}/watch")
+    page.get_by_label("The watch's folder (--out)").fill(str(out))
+    page.keyboard.press("Enter")
+    grids = page.locator("[data-testid='stDataFrame']")
+    # The grids draw on a canvas; their rows are also in the page as an accessible table, row by row.
+    session_rows, break_rows = grids.nth(0).locator("[role=row]:has([role=gridcell])"), \
+        grids.nth(1).locator("[role=row]:has([role=gridcell])")
+    expect(session_rows).to_have_count(len(expected_sessions), timeout=120_000)
+    expect(break_rows).to_have_count(len(expected_breaks), timeout=120_000)
+    shown_sessions = [row.locator("[role=gridcell]").all_inner_texts() for row in session_rows.all()]
+    assert [[cells[0], cells[1], cells[2], cells[6], cells[7]] for cells in shown_sessions] == expected_sessions
+    assert [row.locator("[role=gridcell]").all_inner_texts()[:6] for row in break_rows.all()] == expected_breaks
+    page.screenshot(path=str(SHOTS / "live-watch.png"), full_page=True)

@@ -25,9 +25,10 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
-from engine.traces.report import analyse_trace
-from engine.watch.live import read_watch
+from engine.traces.report import ParkedSessions, analyse_trace
+from engine.watch.live import LiveAnalysis, read_watch
 from engine.watch.proxy import Watch, WatchSettings
 from engine.watch.record import Exchange, Recorder, exchange_frame, upstream_body
 from engine.watch.upstream import ReplayUpstream, load_completions, recorded_sessions, session_request
@@ -69,7 +70,10 @@ def running(tmp_path_factory):
     upstream = ReplayUpstream(load_completions(SAMPLE), cache_blocks=4096)
     up_server, up_thread, up_port = serve(upstream)
     out = tmp_path_factory.mktemp("watch")
-    watch = Watch(WatchSettings(f"http://127.0.0.1:{up_port}/v1", "qwen3.5", "vllm@0.33.0", out_dir=str(out)))
+    # The analysis at nice 10, not the default SCHED_IDLE: with other jobs keeping both cores busy, an idle-class
+    # analysis would wait for them all (test_the_analysis_runs_at_the_lowest_priority checks the default).
+    watch = Watch(WatchSettings(f"http://127.0.0.1:{up_port}/v1", "qwen3.5", "vllm@0.33.0", out_dir=str(out),
+                                analysis_nice=10))
     watch.start()
     server = watch.server()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -84,6 +88,17 @@ def running(tmp_path_factory):
     watch.stop()
     up_server.should_exit = True
     up_thread.join(60)
+
+
+def recorded(watch: Watch) -> int:
+    return watch.status()["recorded"]
+
+
+def metric_values(base: str) -> dict[tuple[str, tuple], float]:
+    """The watch's /metrics as {(sample name, sorted labels): value}."""
+    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=BOUND_S).text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def records(out: Path) -> list[dict]:
@@ -113,7 +128,7 @@ def played(running):
     sessions = recorded_sessions(SAMPLE)
     got = asyncio.run(play(running["base"], sessions))
     total = sum(len(v) for v in got.values())
-    wait_until(lambda: running["watch"].recorded >= total, "every exchange to be recorded")
+    wait_until(lambda: recorded(running["watch"]) >= total, "every exchange to be recorded")
     return {**running, "got": got, "sessions": sessions, "total": total}
 
 
@@ -164,7 +179,7 @@ def test_trace_on_the_records_gives_the_live_sessions_and_breaks(played, qwen35)
     wait_until(lambda: read_watch(played["out"]).live.get("analysed") == played["total"],
                "the live analysis to catch up")
     live = read_watch(played["out"])
-    assert watch.dropped == 0 and live.live["incomplete"] == 0 and live.live["errors"] == []
+    assert watch.status()["dropped"] == 0 and live.live["incomplete"] == 0 and live.live["errors"] == []
     report = analyse_trace(played["out"] / "records.jsonl", qwen35, engine="vllm@0.33.0")
     assert report.to_json() == live.report
     # each session's break and cause as the sample's
@@ -174,21 +189,26 @@ def test_trace_on_the_records_gives_the_live_sessions_and_breaks(played, qwen35)
         expected = SAMPLE_CAUSES[session["key"].split("/")[0]]
         assert kinds == ([expected] if expected else []), session["key"]
     # the metrics count what the live state holds
-    wait_until(lambda: watch.metrics.analysed._value.get() == played["total"], "the metrics to catch up")
-    metrics = watch.metrics
-    assert metrics.sessions._value.get() == len(live.report["sessions"])
+    base = played["base"]
+    wait_until(lambda: metric_values(base)[("drift_watch_analysed_requests_total", ())] == played["total"],
+               "the metrics to catch up")
+    metrics = metric_values(base)
+    assert metrics[("drift_watch_sessions_total", ())] == len(live.report["sessions"])
     breaks = Counter(b["cause"]["kind"] for b in live.breaks())
     counted = Counter()
-    for sample in metrics.breaks.collect()[0].samples:
-        if sample.name.endswith("_total"):
-            counted[sample.labels["kind"]] += int(sample.value)
+    for (name, labels), value in metrics.items():
+        if name == "drift_watch_breaks_total":
+            counted[dict(labels)["kind"]] += int(value)
     assert counted == breaks and sum(breaks.values()) == 4 * COPIES * 2
     reused = sum(r["reused_tokens"] for s in live.report["sessions"] for r in s["requests"])
-    assert metrics.reused._value.get() == reused
-    text = httpx.get(played["base"].removesuffix("/v1") + "/metrics").text
+    assert metrics[("drift_watch_reused_tokens_total", ())] == reused
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
     assert 'drift_watch_breaks_total{kind="reasoning-dropped",location="Qwen-Qwen3.5-0.8B.jinja:100-103",' \
            f'stage="template"}} {2.0 * COPIES}' in text
     assert f"drift_watch_analysed_requests_total {float(played['total'])}" in text
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names)) and "drift_watch_passthrough_requests_total" in names  # the proxy's too
+    assert not [name for name in names if name.endswith("_created")]
 
 
 def test_measured_and_predicted_reuse_side_by_side(played):
@@ -208,14 +228,14 @@ def _one_request(base: str, name: str, index: int, user: str, stream: bool, head
 
 def test_an_upstream_that_fails_mid_stream_is_recorded_as_such(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorded
+    before = recorded(watch)
     body, headers = _one_request(base, "tool-call-1", 0, "fails/stream", True, {"x-replay-fail-after": "3"})
     with pytest.raises(httpx.RemoteProtocolError):  # the client's connection breaks, as the upstream's did
         httpx.post(f"{base}/chat/completions", content=body, headers=headers, timeout=BOUND_S)
     body2, headers2 = _one_request(base, "tool-call-1", 0, "fails/json", False, {"x-replay-fail-after": "100"})
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.post(f"{base}/chat/completions", content=body2, headers=headers2, timeout=BOUND_S)
-    wait_until(lambda: watch.recorded >= before + 2, "both exchanges to be recorded")
+    wait_until(lambda: recorded(watch) >= before + 2, "both exchanges to be recorded")
     mine = {r["request"].get("user"): r for r in records(running["out"]) if "fails/" in str(r["request"].get("user"))}
     sent = {s.request: s for s in running["upstream"].sent}
     for user, raw in (("fails/stream", body), ("fails/json", body2)):
@@ -228,25 +248,25 @@ def test_an_upstream_that_fails_mid_stream_is_recorded_as_such(running):
 
 def test_a_client_that_goes_away_mid_stream(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorded
+    before = recorded(watch)
     body, headers = _one_request(base, "next-user-turn-2", 0, "gone/stream", True, {"x-replay-chunk-gap": "0.5"})
     with httpx.Client(timeout=BOUND_S) as client:
         with client.stream("POST", f"{base}/chat/completions", content=body, headers=headers) as response:
             received = next(response.iter_raw())
-    wait_until(lambda: watch.recorded >= before + 1, "the exchange to be recorded")
+    wait_until(lambda: recorded(watch) >= before + 1, "the exchange to be recorded")
     record = next(r for r in records(running["out"]) if r["request"].get("user") == "gone/stream")
     assert (record["watch"]["outcome"], record["watch"]["complete"]) == ("client-gone", False)
     sent = next(s for s in running["upstream"].sent if s.request == body)
-    recorded = upstream_body(record)
+    kept = upstream_body(record)
     # the client got the start of what was recorded, which is the start of what the upstream sent before it stopped
-    assert recorded.startswith(received) and bytes(sent.response).startswith(recorded)
+    assert kept.startswith(received) and bytes(sent.response).startswith(kept)
     # the upstream stopped generating: the watch closed its request
     assert not sent.finished and b"[DONE]" not in bytes(sent.response)
 
 
 def test_error_statuses_odd_bodies_and_other_paths_pass_through(running):
     watch, base = running["watch"], running["base"]
-    before = watch.recorded
+    before = recorded(watch)
     body, headers = _one_request(base, "tool-call-1", 0, "status/json", False, {"x-replay-status": "503"})
     answer = httpx.post(f"{base}/chat/completions", content=body, headers=headers, timeout=BOUND_S)
     assert answer.status_code == 503 and answer.json()["error"]["message"] == "asked to fail"
@@ -256,28 +276,28 @@ def test_error_statuses_odd_bodies_and_other_paths_pass_through(running):
     assert any(s.request == odd for s in running["upstream"].sent)
     models = httpx.get(f"{base}/models", timeout=BOUND_S)
     assert models.json() == {"object": "list", "data": []}
-    wait_until(lambda: watch.recorded >= before + 2, "both chat exchanges to be recorded")
+    wait_until(lambda: recorded(watch) >= before + 2, "both chat exchanges to be recorded")
     lines = records(running["out"])[before:]
     assert sorted(r["watch"]["outcome"] for r in lines) == ["unreadable-request", "upstream-status"]
-    assert watch.recorded == before + 2  # /v1/models is passed through, not recorded
+    assert recorded(watch) == before + 2  # /v1/models is passed through, not recorded
 
 
 def test_an_evicted_cache_is_a_disagreement_below_the_prediction(running):
     watch, base = running["watch"], running["base"]
     requests = recorded_sessions(SAMPLE)["tool-call-1"]
-    before = watch.recorded
+    before = recorded(watch)
     for n, request in enumerate(requests):
         headers = {"content-type": "application/json", **({"x-replay-evict": "1"} if n else {})}
         httpx.post(f"{base}/chat/completions", content=session_request(request, "evicted", False), headers=headers,
                    timeout=BOUND_S).raise_for_status()
-    wait_until(lambda: watch.recorded >= before + len(requests), "the exchanges to be recorded")
+    wait_until(lambda: recorded(watch) >= before + len(requests), "the exchanges to be recorded")
     wait_until(lambda: read_watch(running["out"]).live.get("analysed", 0) >=
                sum(r["watch"]["complete"] for r in records(running["out"])), "the live analysis")
     session = next(s for s in read_watch(running["out"]).report["sessions"] if s["key"] == "evicted")
     second = session["requests"][1]
     assert second["server_cached_tokens"] == 0 and second["block_reused_tokens"] > 0
-    below = watch.metrics.disagreements.labels("below")
-    wait_until(lambda: below._value.get() >= 1, "the disagreement to be counted")
+    wait_until(lambda: metric_values(base)[("drift_watch_cache_disagreements_total", (("direction", "below"),))] >= 1,
+               "the disagreement to be counted")
 
 
 def test_a_full_analysis_queue_drops_and_counts_but_records_everything(tmp_path):
@@ -300,3 +320,96 @@ def test_a_full_analysis_queue_drops_and_counts_but_records_everything(tmp_path)
     assert full.get(timeout=BOUND_S)[0] == 1  # the one line the queue had room for; then the end of the frames
     assert full.get(timeout=BOUND_S) is None
     thread.join(BOUND_S)
+
+
+def test_the_analysis_runs_at_the_lowest_priority(tmp_path):
+    """By default every thread of the analysis process is SCHED_IDLE (it runs on CPU time nothing else wants); the
+    recorder, which writes every exchange, stays a normal process at nice 10; the proxy is this process. A model
+    that does not load still starts both (the records are written whatever becomes of the analysis)."""
+    watch = Watch(WatchSettings("http://127.0.0.1:9/v1", "no-such-model", out_dir=str(tmp_path)))
+    watch.start()
+    try:
+        status = wait_until(lambda: (s := watch.status())["analysis"].startswith("failed") and s, "the analysis")
+        pids = status["pids"]
+        assert pids["proxy"] == os.getpid() and pids["recorder"] == watch.process.pid
+
+        def policies(pid: int) -> set[int]:
+            return {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+        wait_until(lambda: policies(pids["analysis"]) == {os.SCHED_IDLE}, "the analysis to be SCHED_IDLE")
+        assert policies(pids["recorder"]) == {os.SCHED_OTHER} and os.getpriority(os.PRIO_PROCESS, pids["recorder"]) \
+            == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    finally:
+        watch.stop()
+    assert watch.status()["analysis"].startswith("failed")
+
+
+def test_a_finished_response_leaves_its_connection_to_the_next_request():
+    """The proxy's pool keeps a connection whose response ended whole, streamed or not, and the next request goes on
+    it (httptools says keep-alive only until the message completes: asked later, every connection was closed and
+    every request paid a new one)."""
+    from engine.watch.connections import UpstreamPool
+
+    server, thread, port = serve(ReplayUpstream(load_completions(SAMPLE)))
+    request = recorded_sessions(SAMPLE)["tool-call-1"][0]
+
+    async def two() -> None:
+        pool = UpstreamPool(f"http://127.0.0.1:{port}")
+        used = []
+        for stream in (True, False):
+            response = await pool.request("POST", "/v1/chat/completions", [(b"content-type", b"application/json")],
+                                          session_request(request, "pool", stream))
+            async for _ in response.body():
+                pass
+            used.append(response.connection)
+            response.release()
+            assert list(pool.idle) == [used[0]]
+        pool.close()
+
+    try:
+        asyncio.run(two())
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def test_idle_sessions_are_parked_and_come_back_the_same(tmp_path, qwen35):
+    """Every session parked after every request (idle after 0 s): what its next request needs is on disk, not in
+    memory (the builder keeps its steps only), and each next request takes it back and gets the same step, so the
+    live report is still `trace`'s on the same records."""
+    records_file = tmp_path / "records.jsonl"
+    records_file.write_text(SAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    parking = ParkedSessions(tmp_path / "parked")
+    live = LiveAnalysis(qwen35, "vllm@0.33.0", 16, "records.jsonl", parking, session_idle_s=0)
+    for n, line in enumerate(records_file.read_text(encoding="utf-8").splitlines(keepends=True), start=1):
+        assert live.add_line(n, line)["type"] == "span"
+        builders = live.analysis.builders
+        assert len(parking) == len(builders) and not live.analysis.active
+        assert all(b.previous == () and b.previous_request is None and b.frontier == [] and
+                   all(s.prompt_ids is None and s.previous_sequence_ids is None for s in b.steps)
+                   for b in builders.values())
+        assert sorted(p.name for p in (tmp_path / "parked").iterdir()) == \
+            sorted(path.name for path in parking.files.values())
+    assert parking.made == 11 and len(parking) == 5  # 11 requests, 5 sessions: 6 came back from disk
+    assert live.state()["report"] == analyse_trace(records_file, qwen35, engine="vllm@0.33.0").to_json()
+
+
+def test_an_unreachable_upstream_is_a_502_and_a_record(tmp_path):
+    """Nothing listens upstream: the client gets a 502 with one sentence, the exchange is recorded (its response body
+    empty) as upstream-unreachable, and the proxy goes on answering."""
+    watch = Watch(WatchSettings("http://127.0.0.1:9/v1", "no-such-model", out_dir=str(tmp_path)))
+    watch.start()
+    server, thread, port = serve(watch.app)
+    try:
+        for n in (1, 2):
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=b'{"messages": []}',
+                                timeout=BOUND_S)
+            assert answer.status_code == 502
+            assert answer.json()["error"]["type"] == "upstream_unreachable"
+            wait_until(lambda n=n: recorded(watch) == n, "the exchange to be recorded")
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        watch.stop()
+    assert [(r["watch"]["outcome"], r["watch"]["body"]) for r in records(tmp_path)] == \
+        [("upstream-unreachable", "")] * 2

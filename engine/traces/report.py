@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -83,16 +86,49 @@ class TraceReport:
                 "skipped_count": self.skipped_count}
 
 
+class ParkedSessions:
+    """Idle sessions' state (`SessionBuilder.park`), one file each in `folder`, out of memory until the session's
+    next request takes it back."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, Path] = {}
+        self.made = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def put(self, key: str, state: dict[str, Any]) -> None:
+        self.made += 1
+        path = self.folder / f"{self.made}.pickle"
+        path.write_bytes(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        self.files[key] = path
+
+    def take(self, key: str) -> dict[str, Any]:
+        path = self.files.pop(key)
+        state = pickle.loads(path.read_bytes())  # noqa: S301 - a file this process wrote
+        path.unlink()
+        return state
+
+
 class TraceAnalysis:
     """Requests analysed one at a time, as they are read (`analyse_trace`) or as they arrive (`python -m engine
     watch`): each is assigned to its session and its step computed at once, and only what a later request needs is
     kept (per session its latest sequence and request; per break both sides), so memory follows the sessions and the
     breaks, not the traffic. With `engine` and a model, each break is replayed (`attribute=False`: the causes of
-    reproduced breaks wait for `TraceReport.attribute`)."""
+    reproduced breaks wait for `TraceReport.attribute`).
+
+    With `parking` (the watch's), `park_idle` moves what an idle session's next request would need to disk, so
+    memory follows the sessions still talking; a parked session's next request takes it back first, and gets the
+    same step as if it had never left."""
 
     def __init__(self, model: LoadedModel | None = None, *, engine: EngineSpec | str | None = None,
                  block_size: int = 16, checkpoint_policy: str = "prompt-and-generation-end", explain: bool = True,
-                 hints: bool = True, attribute: bool = True) -> None:
+                 hints: bool = True, attribute: bool = True, parking: ParkedSessions | None = None) -> None:
         self.model, self.block_size, self.policy = model, block_size, checkpoint_policy
         self.spec = replay_engine(engine) if engine is not None else None
         self.explain, self.hints, self.attribute = explain, hints, attribute
@@ -101,6 +137,8 @@ class TraceAnalysis:
         self.named: set[str] = set()  # sessions the trace names itself
         self.replays: dict[tuple[str, int], Replay] = {}
         self.format: str | None = None
+        self.parking = parking
+        self.active: OrderedDict[str, float] = OrderedDict()  # with parking: unparked sessions, least recent first
 
     def add(self, request: TraceRequest) -> tuple[str, TraceStep, Replay | None]:
         """The request's session key, its step, and the replay of its break (None when it holds or is not
@@ -113,6 +151,11 @@ class TraceAnalysis:
         builder = self.builders.get(key)
         if builder is None:
             builder = self.builders[key] = SessionBuilder(key, self.model, source, self.block_size, self.policy)
+        if self.parking is not None:
+            if key in self.parking:
+                builder.resume(self.parking.take(key))
+            self.active[key] = time.monotonic()
+            self.active.move_to_end(key)
         previous = builder.previous_request
         previous_prompt, previous_completion = builder.previous_prompt, builder.previous_completion
         step = builder.add(request, prompt, completion, source)
@@ -122,6 +165,18 @@ class TraceAnalysis:
                 self.model, self.spec, previous, request, previous_completion, previous_prompt, prompt,
                 step.row.index - 1, hints=self.hints, attribute_now=self.attribute)
         return key, step, replay
+
+    def park_idle(self, idle_s: float) -> int:
+        """Park every session whose latest request came `idle_s` or more seconds ago (with `parking`); how many."""
+        parked, cutoff = 0, time.monotonic() - idle_s
+        while self.parking is not None and self.active:
+            key, last = next(iter(self.active.items()))
+            if last > cutoff:
+                break
+            del self.active[key]
+            self.parking.put(key, self.builders[key].park())
+            parked += 1
+        return parked
 
     def report(self, label: str, trace_format: str | None = None,
                skipped: tuple[TraceFormatError, ...] = (), skipped_count: int = 0) -> TraceReport:

@@ -180,6 +180,27 @@ class SessionBuilder:
         self.previous_prompt, self.previous_completion = prompt, completion
         return step
 
+    def park(self) -> dict[str, Any]:
+        """What only the session's next request needs (its cache, its latest sequence and request) and its breaks'
+        two sides (the evidence's), handed over and dropped here: a session that went idle keeps its steps' figures,
+        not its conversation. `resume` takes it all back."""
+        state = {"frontier": self.frontier, "previous": self.previous, "previous_request": self.previous_request,
+                 "previous_prompt": self.previous_prompt, "previous_completion": self.previous_completion,
+                 "break_ids": {n: (step.previous_sequence_ids, step.prompt_ids) for n, step in enumerate(self.steps)
+                               if step.prompt_ids is not None}}
+        self.frontier, self.previous, self.previous_request = [], (), None
+        self.previous_prompt = self.previous_completion = ()
+        for n in state["break_ids"]:
+            self.steps[n] = replace(self.steps[n], previous_sequence_ids=None, prompt_ids=None)
+        return state
+
+    def resume(self, state: dict[str, Any]) -> None:
+        self.frontier, self.previous, self.previous_request = (state["frontier"], state["previous"],
+                                                               state["previous_request"])
+        self.previous_prompt, self.previous_completion = state["previous_prompt"], state["previous_completion"]
+        for n, (previous, prompt) in state["break_ids"].items():
+            self.steps[n] = replace(self.steps[n], previous_sequence_ids=previous, prompt_ids=prompt)
+
     def truth(self) -> SessionTruth:
         source = next(iter(self.ids_sources)) if len(self.ids_sources) == 1 else "mixed"
         return SessionTruth(self.key, tuple(self.steps), source)

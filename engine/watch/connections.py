@@ -73,6 +73,8 @@ class _Connection(asyncio.Protocol):
         response = self.response
         assert response is not None
         response.status = self.parser.get_status_code()
+        # Asked now: once the message is complete the parser is reset for the next one, and says False.
+        response.keep_alive = self.parser.should_keep_alive()
         names = {name.lower() for name, _ in response.headers}
         response.until_close = b"content-length" not in names and b"transfer-encoding" not in names and \
             response.status >= 200 and response.status not in (204, 304)
@@ -112,6 +114,7 @@ class Response:
         self.buffered = 0
         self.paused = False
         self.until_close = False
+        self.keep_alive = False  # the upstream's answer lets the connection carry another request
         self.complete = False
         self.error: Exception | None = None
         self._waiter: asyncio.Future | None = None
@@ -162,8 +165,7 @@ class Response:
     def release(self) -> None:
         connection = self.connection
         connection.response = None
-        if self.complete and self.error is None and not self.until_close and not connection.closed and \
-                connection.parser.should_keep_alive():
+        if self.complete and self.error is None and self.keep_alive and not self.until_close and not connection.closed:
             connection.pool.idle.append(connection)
         else:
             connection.close()  # cut short, or not reusable: the upstream sees the connection end (and aborts)

@@ -1,15 +1,19 @@
-"""The watch's analysis process (`python -m engine.watch.live`, started by the proxy): the recorder and the analysis,
-off the proxy's interpreter and below its CPU priority (nice 10), so that no record assembly, template render or
-tokenization ever holds the proxy.
+"""The watch's analysis process (`python -m engine.watch.live`, started by the recorder process, recorder.py): the
+analysis of each recorded exchange, off the proxy's interpreter and at the lowest CPU priority there is (SCHED_IDLE,
+`lowest_priority`), so that no template render or tokenization ever holds the proxy or takes a CPU it wants.
 
-The proxy writes each finished exchange as a frame to a pipe; the `Recorder` thread (record.py) writes its records
-line and offers it to the analysis through a bounded queue. The analysis (this process' main thread) runs each line
-through engine.traces' `TraceAnalysis` (the same one `python -m engine trace` runs over the records file afterwards).
-Per line it sends one event back to the proxy on a second pipe, a JSON line: `recorded` (from the recorder), then
-`span` (OpenTelemetry gen_ai.* attribute names where the semantic conventions have one, drift.* for ours), `error` or
-`skipped` (not a complete exchange). It keeps `live.json` beside the records: the report of every session so far in
-`trace --json`'s shape, and the measured-vs-predicted cache figures. `read_watch` reads that and the proxy's
+The recorder hands it each records line it had room for (a bounded queue, then this process' stdin). It runs each
+through engine.traces' `TraceAnalysis` (the same one `python -m engine trace` runs over the records file afterwards)
+and answers one event per line on its stdout, a JSON line: `span` (OpenTelemetry gen_ai.* attribute names where the
+semantic conventions have one, drift.* for ours), `error` or `skipped` (not a complete exchange); `ready` once the
+model is loaded, `done` at the end. It keeps `live.json` beside the records: the report of every session so far in
+`trace --json`'s shape, and the measured-vs-predicted cache figures. `read_watch` reads that and the recorder's
 `status.json` for the app's live page.
+
+Its lag: as SCHED_IDLE it runs only on CPU time nothing else wants, so while the machine is busy it may not run at
+all; what waits for it is bounded by the queue (`--queue` lines, and one pipe's buffer), and what comes past that is
+recorded but not analysed live, counted as dropped. On a machine with an idle core it keeps up as a normal process
+would.
 
 Memory: the model's tokenizer and template only (no other model), caches cut to what a stream of distinct prompts
 reuses (`watch_model`), token ids shared per distinct id (engine.traces.readers), and per session only what its next
@@ -21,11 +25,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import queue
+import select
+import shutil
 import sys
-import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,14 +40,16 @@ from engine.models import LoadedModel
 from engine.render.cache import CachedRenderer
 from engine.tokenize import SegmentCachedTokenizer
 from engine.traces.readers import openai_record
-from engine.traces.report import TraceAnalysis
+from engine.traces.report import ParkedSessions, TraceAnalysis
 from engine.traces.truth import TraceStep
 from engine.traces.why import Replay
-from engine.watch.record import LIVE_NAME, STATUS_NAME, AnalysisSettings, Recorder, write_json_atomic
+from engine.watch.record import LIVE_NAME, STATUS_NAME, AnalysisSettings, write_json_atomic
 
 LIVE_FORMAT = "drift-watch-live/1"
 WRITE_EVERY_S = 0.5  # live.json is rewritten at most this often (and when the queue runs dry, and at the end)
 WRITE_SHARE = 0.1  # and never takes more than this share of the analysis' time: its cost grows with the sessions
+SESSION_IDLE_S = 300.0  # a session silent this long is parked: what its next request needs goes to disk
+PARKED_NAME = "parked"  # the folder beside the records, for this run of the analysis only
 
 
 def predicted_cached(step: TraceStep, block_size: int) -> int:
@@ -55,8 +62,10 @@ def predicted_cached(step: TraceStep, block_size: int) -> int:
 class LiveAnalysis:
     """Recorded lines in, one event per request out; `state()` is what live.json holds."""
 
-    def __init__(self, model: LoadedModel, engine: str | None, block_size: int, records_name: str) -> None:
-        self.analysis = TraceAnalysis(model, engine=engine, block_size=block_size)
+    def __init__(self, model: LoadedModel, engine: str | None, block_size: int, records_name: str,
+                 parking: ParkedSessions | None = None, session_idle_s: float = SESSION_IDLE_S) -> None:
+        self.analysis = TraceAnalysis(model, engine=engine, block_size=block_size, parking=parking)
+        self.session_idle_s = session_idle_s
         self.block_size, self.records_name = block_size, records_name
         self.engine = engine
         self.analysed = 0
@@ -79,6 +88,7 @@ class LiveAnalysis:
             self.errors.append(sentence)
             return {"type": "error", "line": line_no, "sentence": sentence}
         self.analysed += 1
+        self.analysis.park_idle(self.session_idle_s)
         return {"type": "span", "new_session": len(self.analysis.builders) > sessions,
                 **self._span(line_no, key, step, replay)}
 
@@ -151,79 +161,105 @@ def _release_free_memory() -> None:
         pass
 
 
-class _Events:
-    """JSON lines to the proxy, from either thread."""
+def lowest_priority(nice: int | None = None) -> str:
+    """Every thread of this process (and what it starts later) below everything else: SCHED_IDLE, which the kernel
+    runs only on a CPU that nothing else wants and preempts at once when anything else wakes (a nice level still
+    takes turns with the proxy: its share, and a slice before a waking proxy runs); `nice` instead of it (the tests:
+    on a machine kept busy by other jobs, an idle-class analysis would wait for them all). What it is set to."""
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [str(os.getpid())]:
+        try:
+            if nice is None:
+                os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+            else:
+                os.setpriority(os.PRIO_PROCESS, int(task), nice)  # per thread on Linux
+        except (OSError, AttributeError):
+            return "unchanged"
+    return "idle" if nice is None else f"nice {nice}"
+
+
+class _Lines:
+    """(line number, line) pairs from the recorder, as "N line" lines on a file descriptor; None when none came
+    within `timeout_s`; stops at its end."""
 
     def __init__(self, fd: int) -> None:
-        self.fd, self.lock = fd, threading.Lock()
-        self.listened = True
+        self.fd, self.pending, self.ready = fd, b"", deque()
+        self.ended = False
 
-    def send(self, event: dict[str, Any]) -> None:
-        data = (json.dumps(event, ensure_ascii=False) + "\n").encode()
-        with self.lock:
-            view = memoryview(data)
-            try:
-                while view and self.listened:
-                    view = view[os.write(self.fd, view):]
-            except BrokenPipeError:  # the proxy is gone: the records are still written, to the last frame
-                self.listened = False
+    def next(self, timeout_s: float) -> tuple[int, str] | None:
+        while not self.ready and not self.ended:
+            readable, _, _ = select.select([self.fd], [], [], timeout_s)
+            if not readable:
+                return None
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                self.ended = True
+                break
+            *lines, self.pending = (self.pending + data).split(b"\n")
+            self.ready.extend(lines)
+        if not self.ready:
+            raise EOFError
+        number, _, line = self.ready.popleft().decode("utf-8").partition(" ")
+        return int(number), line + "\n"
 
 
-def run_analysis(settings: AnalysisSettings, frames_fd: int, events_fd: int) -> None:
-    """Frames from `frames_fd` until it closes: each recorded, and analysed when the queue has room; events to
-    `events_fd`; live.json kept. The records are written whatever becomes of the analysis (a model that cannot be
-    loaded, a line it cannot compute)."""
+def run_analysis(settings: AnalysisSettings) -> None:
+    """Lines from stdin until it closes, each analysed; one event per line on stdout (JSON lines), live.json kept.
+    The model is loaded at the recorder's priority (a startup cost, once); the analysis then runs at the lowest."""
     from engine.models import load_model
 
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-    events = _Events(events_fd)
-    lines: queue.Queue = queue.Queue(settings.queue_size)
+    events = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what anything prints goes to stderr, never among the events
+
+    def send(event: dict[str, Any]) -> None:
+        try:
+            events.write((json.dumps(event, ensure_ascii=False) + "\n").encode())
+            events.flush()
+        except BrokenPipeError:  # the recorder is gone
+            pass
+
     folder = Path(settings.out_dir)
-    recorder = Recorder(folder / settings.records_name, lines, lambda seq, outcome, offered: events.send(
-        {"type": "recorded", "seq": seq, "outcome": outcome, "offered": offered}))
-    recording = recorder.start(os.fdopen(frames_fd, "rb"))
     live = None
     try:
         live = LiveAnalysis(watch_model(load_model(settings.model)), settings.engine, settings.block_size,
-                            settings.records_name)
+                            settings.records_name, ParkedSessions(folder / PARKED_NAME), settings.session_idle_s)
     except ExplorerError as err:
-        events.send({"type": "fatal", "sentence": str(err)})
+        send({"type": "fatal", "sentence": str(err)})
     else:
         _release_free_memory()
         write_json_atomic(folder / LIVE_NAME, live.state())
-        events.send({"type": "ready"})
-    _analyse(live, lines, events, folder / LIVE_NAME)
-    recording.join()
+    lowest_priority(settings.analysis_nice)
+    if live is not None:
+        send({"type": "ready"})
+    _analyse(live, _Lines(0), send, folder / LIVE_NAME)
     if live is not None:
         write_json_atomic(folder / LIVE_NAME, live.state())
-    events.send({"type": "done", "analysed": live.analysed if live else 0, "recorded": recorder.lines})
+    shutil.rmtree(folder / PARKED_NAME, ignore_errors=True)
+    send({"type": "done", "analysed": live.analysed if live else 0})
 
 
-def _analyse(live: LiveAnalysis | None, lines: queue.Queue, events: _Events, live_path: Path) -> None:
+def _analyse(live: LiveAnalysis | None, lines: _Lines, send: Callable[[dict[str, Any]], None],
+             live_path: Path) -> None:
     written, cost, dirty = time.monotonic(), 0.0, False
     while True:
         try:
-            item = lines.get(timeout=WRITE_EVERY_S)
-        except queue.Empty:
-            item = ...
-        if item is None:
+            item = lines.next(WRITE_EVERY_S)
+        except EOFError:
             return
-        if item is not ...:
+        if item is None and live is not None:
+            live.analysis.park_idle(live.session_idle_s)  # no traffic: sessions still go idle
+        if item is not None:
             if live is None:
-                events.send({"type": "skipped", "line": item[0]})
+                send({"type": "skipped", "line": item[0]})
                 continue
             try:
                 event = live.add_line(*item)
             except Exception as err:  # noqa: BLE001 - one line the analysis cannot compute; the watch goes on
                 event = {"type": "error", "line": item[0], "sentence": f"line {item[0]}: {type(err).__name__}: {err}"}
                 live.errors.append(event["sentence"])
-            events.send(event or {"type": "skipped", "line": item[0]})
+            send(event or {"type": "skipped", "line": item[0]})
             dirty = True
         due = max(WRITE_EVERY_S, cost / WRITE_SHARE)
-        if live is not None and dirty and (item is ... or time.monotonic() - written >= due):
+        if live is not None and dirty and (item is None or time.monotonic() - written >= due):
             started = time.monotonic()
             write_json_atomic(live_path, live.state())
             written, dirty = time.monotonic(), False
@@ -231,9 +267,8 @@ def _analyse(live: LiveAnalysis | None, lines: queue.Queue, events: _Events, liv
 
 
 def main(argv: list[str]) -> None:
-    """python -m engine.watch.live SETTINGS_JSON FRAMES_FD EVENTS_FD (the proxy starts it)."""
-    settings = AnalysisSettings(**json.loads(argv[0]))
-    run_analysis(settings, int(argv[1]), int(argv[2]))
+    """python -m engine.watch.live SETTINGS_JSON (the recorder starts it: lines on stdin, events on stdout)."""
+    run_analysis(AnalysisSettings(**json.loads(argv[0])))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The watch's Prometheus metrics (prometheus-client, a registry of its own per watch), kept from the analysis'
-span-like events and the proxy's own counts.
+"""The watch's Prometheus metrics (prometheus-client, a registry of its own per watch), kept by the recorder process
+from the lines it writes and the analysis' span-like events (the proxy adds its own two: proxy.py's ProxyMetrics).
 
 Names: `drift_watch_*` for what only this project measures; the OpenTelemetry GenAI semantic conventions' names
 where they have one, written as Prometheus writes OpenTelemetry names (dots as underscores): the token histogram
@@ -31,8 +31,6 @@ class WatchMetrics:
                                 ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
-        self.passthrough = Counter("drift_watch_passthrough_requests", "other requests passed through (not "
-                                   "recorded)", registry=r)
         self.dropped = Counter("drift_watch_analysis_dropped", "recorded exchanges the analysis never saw: its "
                                "queue was full (still in the records file)", registry=r)
         self.queued = Gauge("drift_watch_analysis_queue", "recorded exchanges waiting for the analysis", registry=r)

@@ -9,43 +9,50 @@ the client goes away, the upstream connection is closed (vLLM and SGLang then ab
 
 The request path is a copy: the body is read whole, written upstream, and each response piece is appended to the
 exchange's buffer and sent on; no JSON is parsed. Chat requests (POST {prefix}/chat/completions), when the exchange
-ends however it ends, are queued to the recorder thread, which writes the exchange as one frame (the bodies are not
-copied) to the analysis process (live.py): it writes the records line, offers it to the analysis and tells this
-process (the events thread) what it recorded and what the analysis found. `/metrics` is Prometheus' text format;
-`/watch/state` the status as JSON (status.json holds the same, rewritten once a second).
+ends however it ends, are written as one frame (the bodies are not copied) to the recorder process (recorder.py) by
+the event loop itself, on a non-blocking pipe (`FrameSink`): this process runs no other thread, so nothing else
+can hold its interpreter when a request needs it. The recorder writes the records line, offers it to the analysis
+and keeps the watch's state: `/metrics` serves the metrics it writes (metrics.prom, Prometheus' text format, with
+this process' own count of other requests), `/watch/state` the status it writes (status.json).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
-import queue
-import select
 import subprocess
 import sys
-import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from engine.errors import ExplorerError
 from engine.watch.connections import ClientGone, Response, UpstreamBroke, UpstreamPool
-from engine.watch.metrics import WatchMetrics
 from engine.watch.record import (
-    OUTCOMES,
+    LIVE_NAME,
+    METRICS_NAME,
     RECORDS_NAME,
+    STATUS_FORMAT,
     STATUS_NAME,
     AnalysisSettings,
     Exchange,
     exchange_frame,
-    write_json_atomic,
 )
 
 Scope = MutableMapping[str, Any]
@@ -56,7 +63,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 # this server's to answer (uvicorn does, once the body is read), and the upstream gets the body at once.
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"proxy-connection", b"expect"})
-STATUS_FORMAT = "drift-watch-status/1"
+FRAMES_PIPE_BYTES = 1 << 20  # the pipe to the recorder holds this much before frames wait in the proxy
 
 
 class UpstreamCut(Exception):
@@ -81,6 +88,8 @@ class WatchSettings:
     out_dir: str = "drift-watch"
     block_size: int = 16
     queue_size: int = 256  # exchanges waiting for the analysis at most
+    analysis_nice: int | None = None  # None: the analysis is SCHED_IDLE (live.py: lowest_priority)
+    session_idle_s: float = 300.0  # a session silent this long is parked by the analysis (live.py)
 
     @property
     def origin(self) -> str:
@@ -105,48 +114,87 @@ def checked_upstream(url: str) -> str:
     return url.rstrip("/")
 
 
-class FrameWriter:
-    """The proxy's side of the pipe to the analysis process: exchanges in, in the order they ended, each written as
-    one frame by a thread of its own (a slow reader holds this thread, never the event loop)."""
+class FrameSink:
+    """The proxy's side of the pipe to the recorder process, written by the event loop: each exchange's frame is
+    written at once when the pipe has room (`os.writev`, the bodies not copied); what it has no room for waits here,
+    in order, and goes when the loop sees the pipe writable. Nothing blocks the loop; nothing is dropped while the
+    recorder lives (`pending_bytes` is what waits)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.pending: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="drift-watch-frames", daemon=True)
-        self.thread.start()
+        os.set_blocking(fd, False)
+        self.pieces: deque[bytes | bytearray | memoryview] = deque()
+        self.pending_bytes = 0
+        self.waiting = False  # a writer callback is registered
+        self.broken = False
 
     def put(self, exchange: Exchange) -> None:
-        self.pending.put(exchange)
+        if self.broken:
+            return
+        frame = [piece for piece in exchange_frame(exchange) if piece]  # an empty body is no piece to write
+        self.pieces.extend(frame)
+        self.pending_bytes += sum(len(piece) for piece in frame)
+        if not self.waiting:
+            self._write()
 
-    def _run(self) -> None:
-        broken = False
-        while (exchange := self.pending.get()) is not None:
-            if broken:
-                continue
-            pieces = exchange_frame(exchange)
-            try:
-                while pieces:
-                    written = os.writev(self.fd, pieces)
-                    while pieces and written >= len(pieces[0]):
-                        written -= len(pieces[0])
-                        pieces.pop(0)
-                    if pieces and written:
-                        pieces[0] = memoryview(pieces[0])[written:]
-            except OSError:  # the analysis process is gone: the proxy goes on passing requests through
-                broken = True
-        os.close(self.fd)
+    def _write(self) -> None:
+        try:
+            while self.pieces:
+                written = os.writev(self.fd, [self.pieces[i] for i in range(min(len(self.pieces), 64))])
+                self.pending_bytes -= written
+                while self.pieces and written >= len(self.pieces[0]):
+                    written -= len(self.pieces.popleft())
+                if written:
+                    self.pieces[0] = memoryview(self.pieces[0])[written:]
+        except BlockingIOError:
+            if not self.waiting:
+                asyncio.get_running_loop().add_writer(self.fd, self._write)
+                self.waiting = True
+            return
+        except OSError:  # the recorder is gone: the proxy goes on passing requests through
+            self.broken = True
+            self.pieces.clear()
+            self.pending_bytes = 0
+        if self.waiting:
+            asyncio.get_running_loop().remove_writer(self.fd)
+            self.waiting = False
 
     def close(self) -> None:
-        self.pending.put(None)
-        self.thread.join()
+        """What waits, written blocking (the loop is done), then the pipe closed: the recorder's end of frames."""
+        os.set_blocking(self.fd, True)
+        try:
+            while self.pieces and not self.broken:
+                written = os.writev(self.fd, [self.pieces[i] for i in range(min(len(self.pieces), 64))])
+                while self.pieces and written >= len(self.pieces[0]):
+                    written -= len(self.pieces.popleft())
+                if written:
+                    self.pieces[0] = memoryview(self.pieces[0])[written:]
+        except OSError:
+            pass
+        self.pieces.clear()
+        self.pending_bytes = 0
+        os.close(self.fd)
+
+
+class ProxyMetrics:
+    """What only the proxy counts (the rest is the recorder's metrics.prom)."""
+
+    def __init__(self, sink: FrameSink) -> None:
+        disable_created_metrics()  # no *_created series beside each counter, as the recorder's metrics
+        self.registry = CollectorRegistry()
+        self.passthrough = Counter("drift_watch_passthrough_requests", "other requests passed through (not "
+                                   "recorded)", registry=self.registry)
+        Gauge("drift_watch_frames_pending_bytes", "finished exchanges' bytes waiting in the proxy for the recorder",
+              registry=self.registry).set_function(lambda: sink.pending_bytes)
 
 
 class PassThrough:
     """The ASGI app: /metrics, /watch/state, and everything else to the upstream."""
 
-    def __init__(self, settings: WatchSettings, recorder: FrameWriter, metrics: WatchMetrics,
-                 status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, settings: WatchSettings, recorder: FrameSink, metrics: ProxyMetrics,
+                 status: Callable[[], dict[str, Any]], recorded_metrics: Callable[[], bytes]) -> None:
         self.settings, self.recorder, self.metrics, self.status = settings, recorder, metrics, status
+        self.recorded_metrics = recorded_metrics
         self.pool = UpstreamPool(settings.origin)
         self.seq = 0
 
@@ -154,7 +202,8 @@ class PassThrough:
         if scope["type"] == "http":
             path = scope["path"]
             if path == "/metrics" and scope["method"] == "GET":
-                await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+                await _respond(send, 200, generate_latest(self.metrics.registry) + self.recorded_metrics(),
+                               CONTENT_TYPE_LATEST)
             elif path == "/watch/state" and scope["method"] == "GET":
                 await _respond(send, 200, json.dumps(self.status()).encode(), "application/json")
             else:
@@ -262,28 +311,20 @@ async def _respond(send: Send, status: int, body: bytes, content_type: str) -> N
 
 
 class Watch:
-    """A watch: the records file, the analysis process (which writes it), the frame writer, the metrics and the ASGI
-    app.
+    """A watch: the records file, the recorder process (which writes it and starts the analysis process), the frame
+    sink, the proxy's own metrics and the ASGI app.
 
     `start()` then the server (`serve()`, or an embedding test's uvicorn), then `stop()`, which hands over every
-    exchange still pending and lets the analysis process write and analyse what it was given."""
+    exchange still pending and lets the recorder and the analysis finish what they were given."""
 
     def __init__(self, settings: WatchSettings) -> None:
         self.settings = settings
         self.folder = Path(settings.out_dir)
-        self.metrics = WatchMetrics(settings.model, settings.engine, settings.upstream)
-        self.analysis_state = "starting"
         self.started = time.time()
         self.process: subprocess.Popen | None = None
-        self.frames: FrameWriter | None = None
+        self.frames: FrameSink | None = None
+        self.metrics: ProxyMetrics | None = None
         self.app: PassThrough | None = None
-        self.recorded = 0
-        self.offered = 0  # lines the analysis was given
-        self.dropped = 0
-        self.processed = 0  # lines the analysis has been through (analysed, refused, or not a complete exchange)
-        self.analysed = 0
-        self.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self._events_thread: threading.Thread | None = None
 
     def start(self) -> PassThrough:
         records = self.folder / RECORDS_NAME
@@ -294,101 +335,62 @@ class Watch:
         if records.exists() and records.stat().st_size:
             raise ExplorerError(f"{records} already holds a watched run: move it away, or name another --out")
         try:
-            records.write_bytes(b"")  # the analysis process appends to it
+            records.write_bytes(b"")  # the recorder process appends to it
+            for name in (STATUS_NAME, LIVE_NAME, METRICS_NAME):  # an earlier run's state is not this one's
+                (self.folder / name).unlink(missing_ok=True)
         except OSError as err:
             raise ExplorerError(f"{records} cannot be written: {err.strerror or err}") from None
         frames_read, frames_write = os.pipe()
-        events_read, events_write = os.pipe()
+        try:
+            fcntl.fcntl(frames_write, fcntl.F_SETPIPE_SZ, FRAMES_PIPE_BYTES)
+        except OSError:
+            pass  # the system's default pipe size; frames wait in the sink beyond it
         settings = AnalysisSettings(self.settings.model, self.settings.engine, self.settings.block_size,
-                                    str(self.folder), RECORDS_NAME, self.settings.queue_size)
-        # Its own interpreter: no tokenization or render ever holds the proxy's. One tokenizer thread (the proxy
-        # keeps the other core).
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                              *filter(None, [os.environ.get("PYTHONPATH")])])}
+                                    str(self.folder), RECORDS_NAME, self.settings.queue_size,
+                                    self.settings.analysis_nice, self.settings.session_idle_s, self._base())
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                            *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine.watch.live", json.dumps(asdict(settings)), str(frames_read),
-             str(events_write)], pass_fds=(frames_read, events_write), env=env, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "engine.watch.recorder", json.dumps(asdict(settings)), str(frames_read)],
+            pass_fds=(frames_read,), env=env, stdin=subprocess.DEVNULL,
             start_new_session=True)  # Ctrl-C stops the proxy, which then lets it finish what it was given
         os.close(frames_read)
-        os.close(events_write)
-        self.frames = FrameWriter(frames_write)
-        self._events_thread = threading.Thread(target=self._read_events, args=(events_read,),
-                                               name="drift-watch-events", daemon=True)
-        self._events_thread.start()
-        self.app = PassThrough(self.settings, self.frames, self.metrics, self.status)
+        self.frames = FrameSink(frames_write)
+        self.metrics = ProxyMetrics(self.frames)
+        self.app = PassThrough(self.settings, self.frames, self.metrics, self.status, self._recorded_metrics)
         return self.app
 
-    def _read_events(self, fd: int) -> None:
-        """The analysis process' events until it ends; status.json rewritten once a second meanwhile."""
-        written, pending = 0.0, b""
-        while True:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-            if ready:
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    break
-                *lines, pending = (pending + data).split(b"\n")
-                for line in lines:
-                    self._event(json.loads(line))
-            if time.monotonic() - written >= 1.0:
-                self.write_status()
-                written = time.monotonic()
-        os.close(fd)
-        if self.analysis_state in ("starting", "ready"):
-            self.analysis_state = "done" if self.process and self.process.poll() == 0 else "stopped"
-        self.write_status()
-
-    def _event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "recorded":
-            self.recorded += 1
-            self.outcomes[event["outcome"]] += 1
-            self.metrics.requests.labels(event["outcome"]).inc()
-            if event["offered"]:
-                self.offered += 1
-            elif self.analysis_state == "ready":
-                self.dropped += 1
-                self.metrics.dropped.inc()
-        elif kind == "ready":
-            self.analysis_state = "ready"
-        elif kind == "fatal":
-            self.analysis_state = f"failed: {event['sentence']}"
-        elif kind == "done":
-            self.analysis_state = "done"
-        else:  # span, error, skipped: one line the analysis has been through
-            self.processed += 1
-            self.analysed += kind == "span"
-            self.metrics.observe(event)
-        self.metrics.queued.set(self.offered - self.processed)
+    def _base(self) -> dict[str, Any]:
+        return {**asdict(self.settings), "listening": f"http://{self.settings.host}:{self.settings.port}",
+                "started": self.started}
 
     def status(self) -> dict[str, Any]:
-        return {"format": STATUS_FORMAT, **asdict(self.settings), "records": RECORDS_NAME,
-                "listening": f"http://{self.settings.host}:{self.settings.port}", "started": self.started,
-                "updated": time.time(), "analysis": self.analysis_state, "recorded": self.recorded,
-                "requests": dict(self.outcomes), "dropped": self.dropped, "analysed": self.analysed,
-                "queued": self.offered - self.processed, "pids": {
-                    "proxy": os.getpid(), "analysis": self.process.pid if self.process else None}}
-
-    def write_status(self) -> None:
+        """The recorder's status.json (before it wrote one: starting), with what waits in the proxy."""
         try:
-            write_json_atomic(self.folder / STATUS_NAME, self.status())
+            status = json.loads((self.folder / STATUS_NAME).read_bytes())
+        except (OSError, ValueError):
+            status = {"format": STATUS_FORMAT, **self._base(), "records": RECORDS_NAME, "analysis": "starting",
+                      "recorded": 0, "dropped": 0, "analysed": 0, "queued": 0}
+        status["frames_pending_bytes"] = self.frames.pending_bytes if self.frames is not None else 0
+        return status
+
+    def _recorded_metrics(self) -> bytes:
+        try:
+            return (self.folder / METRICS_NAME).read_bytes()
         except OSError:
-            pass  # the folder went away; /watch/state still answers
+            return b""
 
     def stop(self, timeout_s: float = 600.0) -> None:
-        """Hand over what is pending, let the analysis process write and analyse it (up to `timeout_s`), stop it."""
+        """Hand over what is pending; let the recorder write it and the analysis analyse it (up to `timeout_s`)."""
         if self.frames is not None:
             self.frames.close()
+            self.frames = None
         if self.process is not None:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.terminate()
                 self.process.wait(10)
-        if self._events_thread is not None:
-            self._events_thread.join(timeout_s)
-        self.write_status()
 
     def server(self) -> Any:
         """A uvicorn server for the app (`start()` first): uvloop and httptools when they are installed."""

@@ -14,10 +14,10 @@ tool-call arguments concatenated in order, an empty content null, vLLM's `prompt
 the client went away, the request body is not a JSON object) is written all the same, with `complete: false`, so
 nothing is lost; the reader leaves it out of the analysis.
 
-The proxy only copies bytes: it hands each finished exchange to the watch's analysis process as a frame (a JSON head
-and the two bodies, `exchange_frame`), and that process' `Recorder` thread parses the request, assembles the stream,
-writes the line and offers it to the analysis (a bounded queue: when it is full the line is not analysed live,
-still written, and counted). No JSON is parsed in the proxy.
+The proxy only copies bytes: it hands each finished exchange to the watch's recorder process (recorder.py) as a frame
+(a JSON head and the two bodies, `exchange_frame`), and there the `Recorder` parses the request, assembles the
+stream, writes the line and offers it to the analysis (a bounded queue: when it is full the line is not analysed
+live, still written, and counted). No JSON is parsed in the proxy.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-RECORDS_NAME, LIVE_NAME, STATUS_NAME = "records.jsonl", "live.json", "status.json"
+RECORDS_NAME, LIVE_NAME, STATUS_NAME, METRICS_NAME = "records.jsonl", "live.json", "status.json", "metrics.prom"
+STATUS_FORMAT = "drift-watch-status/1"
 COMPLETE = "complete"
 # Why an exchange did not finish: the outcomes other than complete.
 OUTCOMES = (COMPLETE, "upstream-failed", "upstream-status", "upstream-unreachable", "client-gone", "unreadable-request")
@@ -60,7 +61,7 @@ class Exchange:
 
 @dataclass(frozen=True)
 class AnalysisSettings:
-    """What the proxy tells its analysis process (as JSON on its command line)."""
+    """What the proxy tells its recorder process, and that its analysis process (as JSON on their command lines)."""
 
     model: str
     engine: str | None
@@ -68,13 +69,20 @@ class AnalysisSettings:
     out_dir: str
     records_name: str
     queue_size: int  # lines waiting for the analysis at most
+    analysis_nice: int | None = None  # None: the analysis runs as SCHED_IDLE (live.py: `lowest_priority`)
+    session_idle_s: float = 300.0  # a session silent this long is parked (live.py)
+    status_base: dict[str, Any] = field(default_factory=dict)  # what status.json says of the watch's settings
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` whole: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace `path` whole: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    write_bytes_atomic(path, json.dumps(data, ensure_ascii=False).encode("utf-8"))
 
 
 def exchange_frame(exchange: Exchange) -> list[bytes | bytearray]:
@@ -99,7 +107,7 @@ def read_frame(stream: IO[bytes]) -> Exchange | None:
 class Recorder:
     """The records file's only writer: exchanges in (frames, in the order they ended), each written as its line and
     flushed, then offered to the analysis (`analysis`, a bounded queue of (line number, line); a full queue drops the
-    offer, counted). `notify(seq, outcome, offered)` is called per line written."""
+    offer, counted; None at the end). `notify(seq, outcome, offered)` is called per line written."""
 
     def __init__(self, path: Path, analysis: queue.Queue | None, notify: Callable[[int, str, bool], None]) -> None:
         self.path, self.analysis, self.notify = path, analysis, notify

@@ -8,7 +8,10 @@ it: server-sent `chat.completion.chunk` events (the role and `prompt_token_ids` 
 content and each tool call in pieces with their share of `token_ids`, the finish reason, `usage` when
 `stream_options.include_usage` asks, then `data: [DONE]`). `first_token_s` and `chunk_gap_s` pace them as a
 generating server does; `token_s` instead paces each chunk by the tokens it carries (its share of the recorded
-`token_ids`, at least one), as a server that decodes a token every `token_s` and streams what each step made.
+`token_ids`, at least one), as a server that decodes a token every `token_s` and streams what each step made. The
+pace is a schedule from the request's arrival, as a server's decode steps are: a chunk this process sent late does
+not push the later ones back, so its own lateness on a busy machine does not add up along a stream (the bench sends
+each request twice, straight and through the watch, and compares the two streams).
 With `cache_blocks`, `usage.prompt_tokens_details.cached_tokens` is what a block prefix
 cache of that many blocks (least recently used evicted, block keys chained as vLLM's) holds of the prompt, short of
 its last token, every served sequence (prompt + completion) cached.
@@ -179,6 +182,8 @@ class ReplayUpstream:
         gap = float(headers.get("x-replay-chunk-gap", self.chunk_gap_s))
         response = self._with_cache(response)
         self.served += 1
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.first_token_s  # the schedule, from the request's arrival
         if self.first_token_s:
             await asyncio.sleep(self.first_token_s)
         if request.get("stream") is True:
@@ -193,7 +198,9 @@ class ReplayUpstream:
                 if fail_after is not None and n == fail_after:
                     raise ConnectionAbortedError("asked to fail mid-stream")
                 if gaps[n] and n:
-                    await asyncio.sleep(gaps[n])
+                    due += gaps[n]  # a late chunk does not push the later ones back
+                    if due > loop.time():
+                        await asyncio.sleep(due - loop.time())
                 try:
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 except OSError:  # the client (the watch) went away: stop generating, as vLLM aborts the request
