@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import re
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,15 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def _boundary_material(b: Boundary) -> list[Any]:
-    return [b.index, b.trigger, b.prev_prompt.text, b.next_prompt.text, repr(b.completion), b.completion_ids,
-            b.prev_prompt_ids, b.next_ids, repr(b.parse), repr(b.request_edits)]
+def _hash_boundary(digest: Any, b: Boundary) -> None:
+    # Fed piece by piece (each with its length): a JSON document of every prompt would be built only to be hashed
+    for text in (b.prev_prompt.text, b.next_prompt.text, repr((b.index, b.trigger, b.completion, b.parse,
+                                                             b.request_edits))):
+        data = text.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    for ids in (b.completion_ids, b.prev_prompt_ids, b.next_ids):
+        data = b"-" if ids is None else array("q", ids).tobytes()
+        digest.update(len(data).to_bytes(8, "little") + data)
 
 
 def cause_key(model: Any, scenario: Scenario, engine: EngineSpec, user_kwargs: dict, kwargs: dict, hints: bool,
@@ -61,9 +68,12 @@ def cause_key(model: Any, scenario: Scenario, engine: EngineSpec, user_kwargs: d
     DRIFT_RESULT_CACHE=0: no persisted answers at all)."""
     if not persisted_results_enabled() or os.environ.get("DRIFT_CAUSE_STORE", "1") == "0":
         return None
-    material = [code_fingerprint(), model.id, sorted(model.asset_hashes.items()), repr(scenario), str(engine),
-                user_kwargs, kwargs, hints, [_boundary_material(b) for b in boundaries]]
-    return hashlib.sha256(json.dumps(material, ensure_ascii=True, default=repr).encode()).hexdigest()
+    inputs = [code_fingerprint(), model.id, sorted(model.asset_hashes.items()), repr(scenario), str(engine),
+              user_kwargs, kwargs, hints, len(boundaries)]
+    digest = hashlib.sha256(json.dumps(inputs, ensure_ascii=True, default=repr).encode())
+    for b in boundaries:
+        _hash_boundary(digest, b)
+    return digest.hexdigest()
 
 
 def stored_cause(key: str) -> Cause | None:

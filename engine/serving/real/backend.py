@@ -290,13 +290,16 @@ class AddedVocab:
         the result cache's key covers it through the hash)."""
         return {"sha256": self.digest}
 
+    @functools.cached_property
+    def _added_pattern(self) -> re.Pattern:  # built once per vocabulary: every parse's job asks (hundreds of tokens)
+        return re.compile("|".join(re.escape(t) for t in sorted(self.ids, key=len, reverse=True)))
+
     def chunks(self, text: str) -> list[str]:
         """The text split at added tokens: each one alone (one id), the text between one piece each."""
         if not self.ids:
             return [text]
-        pattern = re.compile("|".join(re.escape(t) for t in sorted(self.ids, key=len, reverse=True)))
         pieces, position = [], 0
-        for match in pattern.finditer(text):
+        for match in self._added_pattern.finditer(text):
             if match.start() > position:
                 pieces.append(text[position:match.start()])
             pieces.append(match.group())
