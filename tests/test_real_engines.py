@@ -178,6 +178,40 @@ def test_releases_trace_where_cheap_and_cite_lines_they_executed():
     assert vllm.last_trace is None
 
 
+def test_a_traced_parse_is_the_same_in_a_fresh_worker_and_after_other_jobs(monkeypatch):
+    """What a release does once per process (imports, parsers and regexes built for a tokenizer) is not in a trace:
+    the worker runs a traced job untraced first. A fresh worker's trace had 2,385 edits where one that had parsed
+    another text had 1,463, so a cause past the tracer's cap depended on which worker answered first."""
+    need("vllm@0.33.0")
+    from engine.serving.real import backend
+    from engine.serving.real.backend import AddedVocab, RealEngine
+
+    monkeypatch.setenv("DRIFT_RESULT_CACHE", "0")  # both answers from a worker
+    vocab = AddedVocab(QWEN_VOCAB, frozenset())
+
+    def traced(text: str) -> tuple[tuple, dict]:
+        engine = RealEngine("vllm", "0.33.0")
+        result = engine.parse(text, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS, vocab=vocab,
+                              trace=True)
+        assert engine.last_trace is not None
+        return result.edits, engine.last_trace
+
+    backend.stop_workers()
+    try:
+        fresh_edits, fresh = traced(ANSWER_AROUND_CALL)
+        backend.stop_workers()
+        traced("<think>other</think>plain answer")
+        later_edits, later = traced(ANSWER_AROUND_CALL)
+    finally:
+        backend.stop_workers()
+
+    def steps(trace: dict) -> list[tuple]:  # not the values: vLLM's random_uuid draws from os.urandom
+        return [(e["file"], e["line"], e["variable"], e["kind"]) for e in trace["edits"]]
+
+    assert fresh_edits == later_edits and fresh_edits
+    assert (fresh["lines"], steps(fresh)) == (later["lines"], steps(later))
+
+
 MISTRAL_VOCAB = {"[TOOL_CALLS]": 9, "[ARGS]": 32, "[CALL_ID]": 33}  # Tekken's ids (model_assets/mistral-small-3.2)
 MISTRAL_CALLS = 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
 

@@ -203,16 +203,29 @@ class Worker:
             tokenizer = self.tokenizers[key] = VocabTokenizer(tok["added"], tok["special"],
                                                               harmony=bool(job.get("harmony")),
                                                               tokenizer_json=tok.get("tokenizer_json"))
-        self.touches.names.clear()
         # Seeded by the job's model text: a release that draws from `random` (vLLM's mistral parser makes its
         # 9-character call ids with random.choices) gives the same ids for the same text, so a cell is reproducible.
         # As ASCII JSON: model text may hold lone surrogates (invalid UTF-8 bytes), which random.seed cannot encode.
-        random.seed(json.dumps([job.get("text"), job.get("messages")], sort_keys=True))
+        seed = json.dumps([job.get("text"), job.get("messages")], sort_keys=True)
+        self.touches.names.clear()
         tracer = None
         if job.get("trace"):
             from engine.serving.real.tracer import Tracer
 
+            # The job once untraced first: what the release does once per process or per tokenizer (imports, parser
+            # classes and regexes built and cached, a vocabulary read) is then done before the tracer looks, so the
+            # trace is the parse's own whichever jobs this worker answered before (a fresh worker's trace of vLLM
+            # 0.33.0's DeepSeek V4 parse had ~2x the executed lines and other edits past the tracer's cap).
+            random.seed(seed)
+            self.touches.armed = True
+            try:
+                step(job, tokenizer)
+            except Exception:  # noqa: BLE001 - the traced run below reports it
+                pass
+            finally:
+                self.touches.armed = False
             tracer = Tracer(str(self.root), job.get("text"))
+        random.seed(seed)
         started = time.perf_counter()
         self.touches.armed = True
         try:
