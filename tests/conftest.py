@@ -8,12 +8,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# Bounds on starting and asking a release's sandboxed worker (engine/serving/real/backend.py WorkerLimits, defaults 60 s
-# and 20 s): the tests check what the workers answer, not how fast, and beside other CPU-bound work a start that takes
-# seconds idle can take minutes. Generous, so a loaded machine fails no test; the streamlit servers and CLI subprocesses
-# the tests start inherit them. A value set outside the suite wins. (The template sandbox's DRIFT_RENDER_* limits are
-# left alone: tests read RenderLimits.from_env() against its defaults.)
-for _name, _seconds in (("DRIFT_ENGINE_STARTUP_TIMEOUT_S", "600"), ("DRIFT_ENGINE_PARSE_TIMEOUT_S", "300")):
+# Bounds on starting and asking a release's sandboxed worker (engine/serving/real/backend.py WorkerLimits, defaults
+# 60 s, 20 s and 180 s for a traced parse): the tests check what the workers answer, not how fast, and beside other
+# CPU-bound work a start that takes seconds idle can take minutes. Generous, so a loaded machine fails no test; the
+# streamlit servers and CLI subprocesses the tests start inherit them. A value set outside the suite wins. (The
+# template sandbox's DRIFT_RENDER_* limits are left alone: tests read RenderLimits.from_env() against its defaults.)
+for _name, _seconds in (("DRIFT_ENGINE_STARTUP_TIMEOUT_S", "600"), ("DRIFT_ENGINE_PARSE_TIMEOUT_S", "300"),
+                       ("DRIFT_ENGINE_TRACED_PARSE_TIMEOUT_S", "600")):
     os.environ.setdefault(_name, _seconds)
 
 # Causes are searched for, not read from the store of causes proved by an earlier run (engine/cause_store.py): the

@@ -212,6 +212,30 @@ def test_a_traced_parse_is_the_same_in_a_fresh_worker_and_after_other_jobs(monke
     assert (fresh["lines"], steps(fresh)) == (later["lines"], steps(later))
 
 
+def test_a_traced_parse_has_a_bound_of_its_own(monkeypatch):
+    """The parse at a cell's break is asked again traced, up to ~40x the untraced cost: at load 8 a DeepSeek V4 parse
+    passed the 20 s bound and the untraced answer stood in, so the cell's cause depended on the load."""
+    need("sglang@0.5.23")
+    from engine.serving.real import backend
+
+    monkeypatch.setenv("DRIFT_ENGINE_PARSE_TIMEOUT_S", "20")
+    monkeypatch.setenv("DRIFT_ENGINE_TRACED_PARSE_TIMEOUT_S", "180")
+    bounds: list[float] = []
+    ask = backend.ask_release
+
+    def bounded(engine: str, version: str, job: dict, timeout_s: float, **options):
+        bounds.append(timeout_s)
+        return ask(engine, version, job, timeout_s, **options)
+
+    monkeypatch.setattr(backend, "ask_release", bounded)
+    engine = backend.RealEngine("sglang", "0.5.23")
+    for trace in (False, True):
+        result = engine.parse(ANSWER_AROUND_CALL, reasoning_parser="qwen3", tool_parser="qwen3_coder", tools=TOOLS,
+                              vocab=backend.AddedVocab(QWEN_VOCAB, frozenset()), trace=trace)
+        assert result.error is None
+    assert bounds == [20.0, 180.0]
+
+
 MISTRAL_VOCAB = {"[TOOL_CALLS]": 9, "[ARGS]": 32, "[CALL_ID]": 33}  # Tekken's ids (model_assets/mistral-small-3.2)
 MISTRAL_CALLS = 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
 

@@ -45,6 +45,9 @@ class WorkerLimits:
     memory_mb: int = 3072
     startup_timeout_s: float = 60.0
     parse_timeout_s: float = 20.0
+    # A traced parse (the one at a cell's break) costs up to ~40x an untraced one: vLLM 0.33.0's DeepSeek V4 parse
+    # 5-6 s at load 6 and past 20 s at load 8, where the untraced answer then stood in and the cell's cause changed.
+    traced_parse_timeout_s: float = 180.0
     list_timeout_s: float = 60.0  # listing its parsers, once per release (imports every parser module)
     max_workers: int = 4  # workers kept alive at once (least recently used is stopped)
 
@@ -541,7 +544,9 @@ class RealEngine(EngineEmulation):
                "tokenizer": vocab.reference(), "model_type": "gpt_oss" if harmony else "generic",
                "prompt_tail": prompt_tail or [], "force_reasoning": force_reasoning, "trace": trace}
         try:
-            reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
+            limits = WorkerLimits.from_env()
+            reply = ask_release(self.name, self.version, job,
+                                limits.traced_parse_timeout_s if trace else limits.parse_timeout_s,
                                 offline=self.offline, vocab=vocab)
         except EngineWorkerError as err:
             return ParseResult(None, None, error=str(err))
