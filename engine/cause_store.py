@@ -3,11 +3,11 @@
 when the same cell breaks the same way again.
 
 The key covers everything the search reads: the explorer's own code and data (every module of `engine`, the model
-manifests, the installed packages' versions), the model's assets by hash, the scenario, the column, the kwargs, and
-the cell's boundaries as this run computed them (prompts, ids, the completion, the engine's parse and edits). The
-cell itself is always computed; only the search is skipped, and only for a cell that breaks exactly as it broke when
-its cause was proved. A template changed, a tokenizer replaced, a release's code or this package edited: another key,
-and the cause is searched for again.
+manifests, the installed packages' versions), the model's assets by hash and where they came from, the scenario, the
+column, the kwargs, and the cell's boundaries as this run computed them (prompts, ids, the completion, the engine's
+parse and edits). The cell itself is always computed; only the search is skipped, and only for a cell that breaks
+exactly as it broke when its cause was proved. A template changed, a tokenizer replaced, a release's code or this
+package edited: another key, and the cause is searched for again.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def cause_key(model: Any, scenario: Scenario, engine: EngineSpec, user_kwargs: d
     DRIFT_RESULT_CACHE=0: no persisted answers at all)."""
     if not persisted_results_enabled() or os.environ.get("DRIFT_CAUSE_STORE", "1") == "0":
         return None
-    inputs = [code_fingerprint(), model.id, sorted(model.asset_hashes.items()), repr(scenario), str(engine),
-              user_kwargs, kwargs, hints, len(boundaries)]
+    # The assets' sources too: two uploads of the same bytes are two visitors' files, and a cause names its file
+    inputs = [code_fingerprint(), model.id, sorted(model.asset_hashes.items()), sorted(model.asset_sources.items()),
+              repr(scenario), str(engine), user_kwargs, kwargs, hints, len(boundaries)]
     digest = hashlib.sha256(json.dumps(inputs, ensure_ascii=True, default=repr).encode())
     for b in boundaries:
         _hash_boundary(digest, b)
