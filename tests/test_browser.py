@@ -477,10 +477,20 @@ def test_release_strip_fills_in_and_a_click_opens_that_release(page, app_url) ->
     assert bars.count() == len(versions)
     box = bars.nth(versions.index("0.5.12")).bounding_box()  # plotly's drag layer above the bars takes the click
     assert box is not None
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, steps=5)
-    page.mouse.down()
-    page.mouse.up()
-    page.get_by_text("qwen3.6 × tool-call × sglang@0.5.12: holds").wait_for(timeout=60_000)
+    opened = page.get_by_text("qwen3.6 × tool-call × sglang@0.5.12: holds")
+    for attempt in range(3):
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, steps=5)
+        page.mouse.down()
+        page.mouse.up()
+        try:
+            opened.wait_for(timeout=30_000)
+            break
+        except sync_api.TimeoutError:
+            # Seen in CI beside other work: the press reached plotly's layer but no selection came (the strip stayed,
+            # no rerun). The cell opens from a click, so a dropped click is tried again, twice at most.
+            page.screenshot(path=str(SHOTS / f"release-strip-click-{attempt}.png"))
+            if attempt == 2:
+                raise
     page.wait_for_url(re.compile("cell_engine=real%3Asglang%400.5.12"))
 
 
