@@ -626,32 +626,30 @@ def _cold_matrix(request: MatrixRequest) -> float:
 
     clear_run_caches(request.models)
     stop_workers()
-    before = os.environ.get("DRIFT_RESULT_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="drift-cold-results-") as empty:
-        os.environ["DRIFT_RESULT_CACHE_DIR"] = empty
-        try:
-            start = time.perf_counter()
-            run_matrix(request)
-            return time.perf_counter() - start
-        finally:
-            if before is None:
-                os.environ.pop("DRIFT_RESULT_CACHE_DIR")
-            else:
-                os.environ["DRIFT_RESULT_CACHE_DIR"] = before
+    with (tempfile.TemporaryDirectory(prefix="drift-cold-results-") as empty,
+          _environment("DRIFT_RESULT_CACHE_DIR", empty)):
+        start = time.perf_counter()
+        run_matrix(request)
+        return time.perf_counter() - start
+
+
+def _causes_searched() -> contextlib.AbstractContextManager[None]:
+    """Every cause searched for, none read from the store of proved causes (engine/cause_store.py)."""
+    return _environment("DRIFT_CAUSE_STORE", "0")
 
 
 @contextlib.contextmanager
-def _causes_searched() -> Iterator[None]:
-    """Every cause searched for, none read from the store of proved causes (engine/cause_store.py)."""
-    before = os.environ.get("DRIFT_CAUSE_STORE")
-    os.environ["DRIFT_CAUSE_STORE"] = "0"
+def _environment(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` in this process's environment while the block runs, as it was after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("DRIFT_CAUSE_STORE")
+            os.environ.pop(name)
         else:
-            os.environ["DRIFT_CAUSE_STORE"] = before
+            os.environ[name] = before
 
 
 def _progress(message: str) -> None:

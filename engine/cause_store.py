@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.scenario import Scenario
-from engine.serving.real.results import persisted_results_enabled, result_cache
+from engine.serving.real.results import hash_files, persisted_results_enabled, result_cache
 from engine.serving.spec import EngineSpec
 from engine.types import Boundary, Cause, Contrast, Edit, Fix, Location
 
@@ -37,9 +37,9 @@ def code_fingerprint() -> str:
     """The sha256 of the code and data a cause is computed with: every module of `engine`, the model manifests and
     the versions of the packages requirements.txt installs (transformers, jinja2, tokenizers, …)."""
     digest = hashlib.sha256()
-    for path in [*sorted((ROOT / "engine").rglob("*.py")), *sorted((ROOT / "model_assets").rglob("*"))]:
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    hash_files(digest, [path for path in [*sorted((ROOT / "engine").rglob("*.py")),
+                                          *sorted((ROOT / "model_assets").rglob("*"))]
+                        if "__pycache__" not in path.parts])
     for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
         name = re.match(r"\s*([A-Za-z0-9_.\-]+)", line.split("#", 1)[0])
         if name:
@@ -99,12 +99,9 @@ def cause_to_json(cause: Cause) -> dict:
 
 
 def cause_from_json(data: dict) -> Cause:
-    def location(d: dict) -> Location:
-        return Location(**d)
-
     edit = data["edit"]
-    return Cause(stage=data["stage"], kind=data["kind"], locations=tuple(location(d) for d in data["locations"]),
+    return Cause(stage=data["stage"], kind=data["kind"], locations=tuple(Location(**d) for d in data["locations"]),
                  changed=data["changed"], fix=Fix(**data["fix"]) if data["fix"] else None, proof=data["proof"],
                  detail=data["detail"],
-                 edit=Edit(**{**edit, "location": location(edit["location"])}) if edit else None,
+                 edit=Edit(**{**edit, "location": Location(**edit["location"])}) if edit else None,
                  contrast=Contrast(**data["contrast"]) if data["contrast"] else None)

@@ -49,11 +49,16 @@ def glue_fingerprint() -> str:
     and the interpreter. A change to any of them can change an answer."""
     digest = hashlib.sha256(sys.version.encode())
     here = Path(__file__).resolve().parent
-    files = [*sorted(here.glob("*.py")), *sorted((ROOT / "engine" / "render").glob("*.py")), ROOT / "requirements.txt"]
-    for path in files:
+    hash_files(digest, [*sorted(here.glob("*.py")), *sorted((ROOT / "engine" / "render").glob("*.py")),
+                        ROOT / "requirements.txt"])
+    return digest.hexdigest()
+
+
+def hash_files(digest: Any, paths: list[Path]) -> None:
+    """Feed each file that exists to `digest`: its path under the project, then its bytes."""
+    for path in paths:
         if path.is_file():
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
