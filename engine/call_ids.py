@@ -1,12 +1,13 @@
 """The tool-call ids a client sends back: what the engine returned, with its random ids made stable and distinct.
 
 A real server gives every call a fresh random id (SGLang `call_` + 24 hex digits, serving_chat.py
-`_process_tool_call_id`; vLLM `chatcmpl-tool-` + 32, chat_utils/tool_call.py `make_tool_call_id`), which the client
-echoes in the assistant message and its tool results. The emulations return such an id as a placeholder
-(`call_<uuid>`), the real backend returns the release's random value; a cell must neither show the same placeholder
-for every call (a renderer that checks ids, deepseek-recipe, refuses duplicates) nor change between runs (the ids'
-tokens count in the prefix figures). So each random id becomes one derived from the call's position in the session,
-of the same shape (prefix and number of hex digits): distinct per call, the same in every run.
+`_process_tool_call_id`; vLLM `chatcmpl-tool-` + 16 from 0.12.0, 32 before, chat_utils/tool_call.py
+`make_tool_call_id`), which the client echoes in the assistant message and its tool results. The emulations return
+such an id as a placeholder (`call_<uuid>`), the real backend returns the release's random value; a cell must neither
+show the same placeholder for every call (a renderer that checks ids, deepseek-recipe, refuses duplicates) nor change
+between runs (the ids' tokens count in the prefix figures). So each random id becomes one derived from the call's
+position in the session, of the same shape (prefix and number of hex digits): distinct per call, the same in every
+run.
 
 What the engine does not randomise is kept as it returned it: Kimi's `functions.name:N` numbering (repeats
 included), an id the model wrote, and a missing id (the client names it then, OutputFormat.client_call_id). A real
@@ -40,7 +41,10 @@ class RandomIdShape:
         return self.prefix + hashlib.sha256(f"tool call {position}".encode()).hexdigest()[:self.digits]
 
 
-RANDOM_ID_SHAPES = (RandomIdShape("call_", 24), RandomIdShape("chatcmpl-tool-", 32))
+# vLLM's is 32 digits up to 0.11, 16 from 0.12.0 (vllm/utils random_uuid); the emulated vLLM release is 0.33.0, so
+# its placeholder takes the first shape of its prefix, 16 digits.
+RANDOM_ID_SHAPES = (RandomIdShape("call_", 24), RandomIdShape("chatcmpl-tool-", 16),
+                    RandomIdShape("chatcmpl-tool-", 32))
 
 
 def random_shape(call_id: str) -> RandomIdShape | None:

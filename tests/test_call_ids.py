@@ -14,7 +14,16 @@ def test_each_random_id_becomes_the_id_of_its_position_in_the_engines_shape():
     ids = SessionCallIds()
     assert [ids.client_id("call_<uuid>", n) for n in (0, 1)] == [FIRST, SECOND]
     assert SessionCallIds().client_id("call_<uuid>", 0) == FIRST  # the same in every session
-    assert SessionCallIds().client_id("chatcmpl-tool-<uuid>", 0) == "chatcmpl-tool-a62870f6abaf5de91133894717c57900"
+    # vLLM's placeholder: the emulated release (0.33.0) draws 16 digits (vllm/utils random_uuid, from 0.12.0)
+    assert SessionCallIds().client_id("chatcmpl-tool-<uuid>", 0) == "chatcmpl-tool-a62870f6abaf5de9"
+
+
+def test_vllm_random_ids_of_either_length_are_made_stable_in_their_own_length():
+    ids = SessionCallIds()
+    # vLLM 0.12.0 on: 16 hex digits; before: 32
+    assert ids.client_id("chatcmpl-tool-911c514d18d13adc", 0) == "chatcmpl-tool-a62870f6abaf5de9"
+    assert ids.client_id("chatcmpl-tool-0123456789abcdef0123456789abcdef", 1) == \
+        "chatcmpl-tool-b48a27d741479c3b7bf536911bcdfb03"
 
 
 def test_a_real_release_repeating_one_random_id_keeps_the_repeat():
@@ -45,6 +54,14 @@ def test_a_real_releases_random_ids_are_the_same_in_every_run():
     need("sglang@0.5.22")
     cell = run_cell("qwen3.6", "parallel-tool-calls", "sglang@0.5.22")  # the release's code draws uuid4 ids
     assert [call["id"] for call in cell.boundaries[0].next_request.sent[-3]["tool_calls"]] == [FIRST, SECOND]
+
+
+def test_a_vllm_release_drawing_16_digit_ids_gives_the_same_ids_in_every_run():
+    need("vllm@0.33.0")
+    # MiniMax M2.7's tool parser runs in vLLM 0.33.0's own code (no emulation), which draws 16-digit ids
+    cell = run_cell("minimax-m2.7", "parallel-tool-calls", "vllm")
+    assert [call["id"] for call in cell.boundaries[0].next_request.sent[-3]["tool_calls"]] == [
+        "chatcmpl-tool-a62870f6abaf5de9", "chatcmpl-tool-b48a27d741479c3b"]
 
 
 def test_a_trace_replay_sends_back_the_random_ids_the_logged_server_drew():
