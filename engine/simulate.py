@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from engine.call_ids import SessionCallIds
+from engine.call_ids import SessionCallIds, random_shape
 from engine.cause_store import cause_key, store_cause, stored_cause
 from engine.client import client_call_ids, client_message, scripted_message, undo_request_edit
 from engine.errors import ExplorerError, RenderError
@@ -112,6 +112,17 @@ class _Overrides:
     request_undo: Edit | None = None
 
 
+@dataclass(frozen=True)
+class _ParseAsk:
+    """One parse a run asked of its engine, as a traced run would ask it (`options["trace"]` as `trace_at` sets it):
+    what _traced_break asks again, alone, for the edits of the parse at a break."""
+
+    engine: EngineEmulation
+    text: str
+    request: dict[str, Any]
+    options: dict[str, Any]
+
+
 def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSpec | str,
                   user_kwargs: dict[str, Any], *, explain: bool = True, hints: bool = True,
                   stop_after: int | None = None, overrides: _Overrides | None = None, tokens: bool = True,
@@ -172,8 +183,9 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         # The engine's parses are asked untraced: only the one at the break is traced, for its cause (below).
         if memo is None and explain:
             memo = BlameMemo()
+        parse_asks: dict[int, _ParseAsk] = {}
         boundaries = _roundtrip(model, scenario, engine, kwargs, stop_after, overrides, emulation,
-                                trace_parses=False, tokens=tokens, layers=layers, memo=memo)
+                                trace_parses=False, tokens=tokens, layers=layers, memo=memo, parse_asks=parse_asks)
     except _Unavailable as err:
         return cell(status=Status.UNAVAILABLE, note=str(err))
     except _Failed as err:
@@ -202,7 +214,7 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
         if engine.is_serving_engine and not broken.parse.edits and not broken.string_prefix.holds:
             # (a break in the ids alone is the tokenizer's: no parser line is cited)
             boundaries, broken = _traced_break(model, scenario, engine, kwargs, overrides, emulation, layers,
-                                               boundaries, broken, memo)
+                                               boundaries, broken, memo, parse_asks.get(broken.index))
         # A cell that breaks exactly as it broke when its cause was proved takes that cause from the store (a
         # whole cell's re-run, not a part of one: overrides and stop_after leave it out)
         key = cause_key(model, scenario, engine, user_kwargs, kwargs, hints, boundaries) \
@@ -228,12 +240,25 @@ def run_cell_with(model: LoadedModel, scenario: Scenario | str, engine: EngineSp
 
 def _traced_break(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                   overrides: _Overrides | None, emulation: EngineEmulation | None, layers: ColumnLayers | None,
-                  boundaries: tuple[Boundary, ...], broken: Boundary, memo: BlameMemo | None = None
-                  ) -> tuple[tuple[Boundary, ...], Boundary]:
+                  boundaries: tuple[Boundary, ...], broken: Boundary, memo: BlameMemo | None = None,
+                  ask: _ParseAsk | None = None) -> tuple[tuple[Boundary, ...], Boundary]:
     """The cell's boundaries with the break's parse asked again with the line tracer, so that its edits cite the
     release's executed lines (a release's own code answers untraced; the tracer costs up to 150 ms a parse, so only
-    the parse that a cause reads is traced). The other parses are the same jobs as before: answered from the result
-    cache. Unchanged where the traced run does not give the same boundary."""
+    the parse that a cause reads is traced). Unchanged where the traced run does not give the same boundary.
+    `ask`: that parse as the cell's run asked it. When the traced parse answers the same message, the boundary is
+    the untraced one with the traced parse's edits (the renders after a parse read its message only); otherwise the
+    cell is run again up to the break with that parse traced (its other parses answered from the result cache)."""
+    if ask is not None and overrides is None:
+        from engine.serving.registry import parse_served
+
+        try:
+            _, traced_parse = (memo.parse if memo is not None else _unmemoised)(parse_served, ask.engine, ask.text,
+                                                                               ask.request, ask.options)
+        except (ValueError, NotImplementedError, ExplorerError):
+            return boundaries, broken
+        if _message(traced_parse) == _message(broken.parse):
+            traced = replace(broken, parse=traced_parse)
+            return tuple(traced if b is broken else b for b in boundaries), traced
     try:
         again = _roundtrip(model, scenario, engine, kwargs, broken.index, overrides, emulation, trace_at=broken.index,
                            layers=layers, memo=memo)
@@ -243,6 +268,15 @@ def _traced_break(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kw
     if traced is None or (traced.string_prefix, traced.token_prefix) != (broken.string_prefix, broken.token_prefix):
         return boundaries, broken
     return tuple(traced if b is broken else b for b in boundaries), traced
+
+
+def _message(parse: ParseResult) -> tuple:
+    """What a client sends back of a parse (its edits and sources say how the engine got there): a random call id as
+    its shape and which earlier call of the reply has the same one (engine.call_ids makes it the session's own)."""
+    ids = [c.id for c in parse.tool_calls]
+    calls = tuple(((shape, ids.index(c.id)) if (shape := random_shape(c.id or "")) else c.id, c.name, c.arguments)
+                  for c in parse.tool_calls)
+    return parse.reasoning, parse.content, calls, parse.error, parse.warnings
 
 
 def _renderers_cell(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict[str, Any],
@@ -336,18 +370,19 @@ class _Failed(ExplorerError):
 def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwargs: dict,
                stop_after: int | None = None, overrides: _Overrides | None = None,
                emulation: EngineEmulation | None = None, *, trace_parses: bool = True, tokens: bool = True,
-               trace_at: int | None = None, layers: ColumnLayers | None = None, memo: BlameMemo | None = None
-               ) -> tuple[Boundary, ...]:
+               trace_at: int | None = None, layers: ColumnLayers | None = None, memo: BlameMemo | None = None,
+               parse_asks: dict[int, _ParseAsk] | None = None) -> tuple[Boundary, ...]:
     """The scenario's requests through the engine; `trace_parses=False` asks a release's own code for its answers
     without the line tracer (a cell whose cause is not asked for: blame's re-runs, the app's grid), so no traced edit
     is recorded and a vLLM >= 0.25 parse costs a few ms instead of about 150; `trace_at=N` traces only the parse
     that boundary N follows. `layers`: the column's proxies, which rewrite each request the client sends and each
     reply it gets (engine.serving.layers). `memo`: the engines' parses shared with the cell's other runs (blame's
-    re-runs)."""
+    re-runs). `parse_asks` is given each engine parse as a traced run would ask it, by the boundary it precedes."""
     fmt = get_format(model.spec.family)
     stop = model.spec.stop_tokens[0] if model.spec.stop_tokens else ""
     parsers: dict[str, str] = {}
     traced: bool | None = None  # None: the real backend's own choice, traced where that is cheap
+    traced_when_asked: bool | None = None  # what `trace_at` gives the parse it traces
     if engine.is_serving_engine:
         from engine.serving.registry import parse_served, serving_engine
 
@@ -356,7 +391,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
         # A pinned column (not an explicit release) whose parsing falls to the real code traces it, so that a cause
         # cites the release's own line as an emulation's does (a few ms to 150 ms a parse: RealEngine's tracer); an
         # explicit release keeps the backend's default.
-        traced = (True if serving.pinned else None) if trace_parses else False
+        traced_when_asked = True if serving.pinned else None
+        traced = traced_when_asked if trace_parses else False
         try:  # a release without the model's parsers cannot serve it: said before its request side is run
             emulation.check_names(parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
         except ValueError as err:
@@ -453,6 +489,9 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
             traced_here = traced if trace_at in (None, len(boundaries) + 1) else False
             options = {"force_reasoning": reasoning_forced(model, prompt.text), "trace": traced_here,
                        "added_tokens": model.spec.added_tokens}
+            if parse_asks is not None:
+                parse_asks[len(boundaries) + 1] = _ParseAsk(emulation, text, request,
+                                                            {**options, "trace": traced_when_asked})
             try:  # (a re-run asks again what the cell asked before its change: from the memo)
                 emulation, parsed = (memo.parse if memo is not None else _unmemoised)(parse_served, emulation, text,
                                                                                       request, options)
