@@ -294,6 +294,11 @@ class AddedVocab:
         return {"sha256": self.digest}
 
     @functools.cached_property
+    def added_only(self) -> AddedVocab:
+        """This vocabulary without its tokenizer.json, made once per vocabulary (its digest and pattern with it)."""
+        return self if self.tokenizer_json is None else AddedVocab(self.ids, self.special)
+
+    @functools.cached_property
     def _added_pattern(self) -> re.Pattern:  # built once per vocabulary: every parse's job asks (hundreds of tokens)
         return re.compile("|".join(re.escape(t) for t in sorted(self.ids, key=len, reverse=True)))
 
@@ -529,7 +534,7 @@ class RealEngine(EngineEmulation):
             if vocab is not None and not self.tokenizes_output(reasoning_parser, tool_parser):
                 # the text parsers look up added tokens only: loading the whole tokenizer.json in a fresh worker
                 # (about a second for Qwen's) would be most of a cold cell
-                vocab = AddedVocab(vocab.ids, vocab.special)
+                vocab = vocab.added_only
         vocab = vocab or AddedVocab(dict(added_tokens or {}), frozenset(added_tokens or ()))
         harmony = reasoning_parser in HARMONY_PARSERS or tool_parser in HARMONY_PARSERS
         defaults = self.server_flags.get("default-chat-template-kwargs")
