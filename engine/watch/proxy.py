@@ -353,7 +353,11 @@ class Watch:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engine.watch.recorder", json.dumps(asdict(settings)), str(frames_read)],
             pass_fds=(frames_read,), env=env, stdin=subprocess.DEVNULL,
-            start_new_session=True)  # Ctrl-C stops the proxy, which then lets it finish what it was given
+            # A process group of its own: Ctrl-C stops the proxy, which then lets it finish what it was given. Not
+            # a session of its own: where the kernel groups tasks by session (autogroup, on in most distributions),
+            # a new session is a new group with the same CPU share as the proxy's, whatever the nice level or
+            # SCHED_IDLE of the tasks in it, so the recorder and the analysis would take as much CPU as the proxy.
+            process_group=0)
         os.close(frames_read)
         self.frames = FrameSink(frames_write)
         self.metrics = ProxyMetrics(self.frames)
