@@ -322,11 +322,16 @@ class PassThrough:
         watcher = asyncio.ensure_future(client_gone())
         try:
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            ended = False
             async for piece in upstream.body():
                 if record is not None:
                     record.extend(piece)
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                # The upstream's last piece and the response's end go to the client as one write when they came
+                # together (a stream's `[DONE]` event and the chunked body's end, usually one read).
+                ended = upstream.ended_whole()
+                await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamBroke as err:
             if exchange is not None:
                 exchange.outcome, exchange.error = "upstream-failed", f"{type(err).__name__}: {err}"
