@@ -5,8 +5,9 @@ Three kinds of process, none sharing an interpreter or an event loop with anothe
 steps of the tokens it carries, `token_s` each, on a schedule from the request's arrival), the watch in front of it
 (`python -m engine watch`: the proxy; its recorder process, nice 10; the recorder's analysis process, SCHED_IDLE)
 and the load generator (`load_pairs` below, a process of its own: uvloop when it is
-installed, httptools' parser on keep-alive connections, no HTTP library between it and the socket, so that it costs
-little beside what it measures).
+installed, httptools' parser on non-blocking sockets kept alive, no HTTP library between it and the socket, so that
+it costs little beside what it measures; the times of a response's bytes are the kernel's arrival times, so that its
+own wait for a core is not counted on either side).
 
 Each of `sessions` clients runs the samples' sessions request after request, streamed, `rounds` times, and sends every
 request twice at the same moment: once straight to the upstream and once through the watch (which of the two is
@@ -34,6 +35,7 @@ import os
 import random
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -119,32 +121,79 @@ def _wait(url: str, ready: Any, bound_s: float = BOUND_S) -> Any:
 # ---- the load generator (its own process) ----------------------------------------------------------------------
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each read says when its bytes reached the socket
+_TIMESPEC = struct.Struct("qq")
+
+
 class _Connection:
-    """One keep-alive HTTP/1.1 connection: a request written whole, its response read by httptools' parser (in C),
-    the times of the first body byte and of the last byte kept."""
+    """One keep-alive HTTP/1.1 connection: a request written whole, its response read by httptools' parser (in C).
+
+    The times of the first body byte and of the last byte are the kernel's: when the bytes of the read that holds
+    them reached this socket (SO_TIMESTAMPNS), not when this process got round to reading them. One process reads
+    all 2 x N streams; on a busy machine it waits for a core too, and a wait taken by the loop's clock falls on
+    whichever side of a pair it reads second: noise in the differences that is not the watch's. The watch's own
+    waits are all in the kernel's times: its bytes reach the client's socket only once the watch has written them.
+    (A read that holds two events is stamped with the later one's arrival, so a first byte read that late is late
+    by one event, as it was by the loop's clock.)"""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.transport: Any = None
+        self.sock: socket.socket | None = None
         self.done: asyncio.Future | None = None
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        self.transport, _ = await loop.create_connection(lambda: _Reader(self), self.host, self.port)
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        await loop.sock_connect(sock, (self.host, self.port))
+        self.sock = sock
+        loop.add_reader(sock.fileno(), self._readable)
 
     async def exchange(self, raw: bytes) -> tuple[float, float, int, bytes]:
         """(seconds to the first body byte, seconds to the last byte, status, body)."""
         import httptools
 
-        if self.transport is None or self.transport.is_closing():
-            await self.open()
+        assert self.sock is not None
         self.parser = httptools.HttpResponseParser(self)
         self.body, self.first, self.last, self.now = bytearray(), 0.0, 0.0, 0.0
         self.done = asyncio.get_running_loop().create_future()
-        start = time.perf_counter()
-        self.transport.write(raw)
+        start = time.time()  # the kernel's timestamps are on the same clock (CLOCK_REALTIME)
+        sent = self.sock.send(raw)
+        if sent < len(raw):
+            await asyncio.get_running_loop().sock_sendall(self.sock, raw[sent:])
         await self.done
         return self.first - start, self.last - start, self.parser.get_status_code(), bytes(self.body)
+
+    def _readable(self) -> None:
+        assert self.sock is not None
+        try:
+            data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(_TIMESPEC.size))
+        except BlockingIOError:
+            return
+        except OSError as err:
+            self._lost(err)
+            return
+        self.now = time.time()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack(value[:_TIMESPEC.size])
+                self.now = seconds + nanoseconds * 1e-9
+        if not data:
+            self._lost(None)
+            return
+        self.parser.feed_data(data)
+
+    def _lost(self, err: Exception | None) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection closed mid-response ({err or 'EOF'})"))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            self.sock.close()
 
     # httptools' callbacks
     def on_body(self, body: bytes) -> None:
@@ -156,20 +205,6 @@ class _Connection:
         self.last = self.now
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
-
-
-class _Reader(asyncio.Protocol):
-    def __init__(self, connection: _Connection) -> None:
-        self.connection = connection
-
-    def data_received(self, data: bytes) -> None:
-        self.connection.now = time.perf_counter()
-        self.connection.parser.feed_data(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        done = self.connection.done
-        if done is not None and not done.done():
-            done.set_exception(ConnectionError(f"connection closed mid-response ({exc})"))
 
 
 def _raw_request(port: int, path: str, body: bytes) -> bytes:
@@ -199,7 +234,7 @@ async def _load(targets: dict[str, int], sessions: int, rounds: int, ramp_s: flo
                 d, w = results["direct"], results["watch"]
                 pairs.append([r, d[0], d[1], w[0], w[1], d[2], w[2], d[3] == w[3], d[3].count(b"\n\ndata: ") + 1])
         for connection in connections.values():
-            connection.transport.close()
+            connection.close()
 
     await asyncio.gather(*(client(n) for n in range(sessions)))
     return pairs
