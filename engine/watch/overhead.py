@@ -19,7 +19,10 @@ first round warms the connections (the watch's pool to the upstream included) an
 
 Beside the figure: the load average before and after, the CPU time each process spent during the load (the proxy's
 per request and per streamed chunk), and memory: each process' peak RSS (VmHWM) and the highest sum of the watch's
-processes' RSS sampled every 0.2 s during the load. A benchmark, not a test: nothing here asserts a timing.
+processes' RSS sampled every 0.2 s during the load. And the measurement's floor: once the analysis has caught up,
+the same load again with both copies of each pair sent straight to the upstream, the watch idle beside it; the spread
+of those differences (the upstream serving two copies in different turns of its loop, each waiting for a core) is
+what an added figure cannot be told apart from. A benchmark, not a test: nothing here asserts a timing.
 
 How others measure a proxy's overhead, and what is followed here: Envoy's benchmarking guidance (against a direct
 connection, with no queueing limits in the proxy, checking that every stream and connection is the one expected);
@@ -276,6 +279,17 @@ class _MemorySampler(threading.Thread):
             self.peak_sum = max(self.peak_sum, sum(_status_field(p, "VmRSS") or 0.0 for p in self.pids))
 
 
+def _run_load(direct_port: int, watch_port: int, sessions: int, rounds: int, env: dict[str, str]) -> list[list]:
+    """`load_pairs` in a process of its own."""
+    loader = subprocess.run([sys.executable, "-c", "import json, sys; from engine.watch.overhead import "
+                             "load_pairs; print(json.dumps(load_pairs(*map(int, sys.argv[1:]))))",
+                             str(direct_port), str(watch_port), str(sessions), str(rounds)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S)
+    if loader.returncode != 0:
+        raise RuntimeError(f"the load generator failed: {loader.stderr.strip().splitlines()[-1:]}")
+    return json.loads(loader.stdout)
+
+
 def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5", engine: str = "vllm@0.33.0",
                    first_token_s: float = FIRST_TOKEN_S, token_s: float = TOKEN_S) -> dict[str, Any]:
     up_port, watch_port = _free_port(), _free_port()
@@ -301,15 +315,9 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
         sampler.start()
         loads = [os.getloadavg()]
         cpu_before = {p: _cpu_s(p) for p in [upstream.pid, *watch_pids]}
-        loader = subprocess.run([sys.executable, "-c", "import json, sys; from engine.watch.overhead import "
-                                 "load_pairs; print(json.dumps(load_pairs(*map(int, sys.argv[1:]))))",
-                                 str(up_port), str(watch_port), str(sessions), str(rounds)],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S)
-        if loader.returncode != 0:
-            raise RuntimeError(f"the load generator failed: {loader.stderr.strip().splitlines()[-1:]}")
+        pairs = _run_load(up_port, watch_port, sessions, rounds, env)
         loads.append(os.getloadavg())
         cpu = {p: _cpu_s(p) - before for p, before in cpu_before.items()}
-        pairs = json.loads(loader.stdout)
         state = _wait(state_url, lambda s: s["recorded"] >= len(pairs), BOUND_S)
         behind, drain_started, drain_s = state["queued"], time.monotonic(), None
         try:  # the analysis is SCHED_IDLE: on a busy machine it catches up only as CPU time comes free
@@ -319,6 +327,10 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
             state = _get_json(state_url)
         sampler.stop.set()
         sampler.join()
+        # The measurement's own floor: the same load with both copies sent straight to the upstream (the watch idle
+        # beside it). Its differences are the upstream's and the machine's, none of them the watch's.
+        floor_load = os.getloadavg()
+        floor = [p for p in _run_load(up_port, up_port, sessions, rounds, env) if p[0] > 0]
         measured = [p for p in pairs if p[0] > 0]  # round 0 warms the connections
         events = sum(p[8] for p in pairs)
         return {
@@ -327,6 +339,9 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
             "events_per_request": round(events / len(pairs), 1),
             "added_ttfb_ms": _distribution_ms([p[3] - p[1] for p in measured]),
             "added_total_ms": _distribution_ms([p[4] - p[2] for p in measured]),
+            "floor_ttfb_ms": _distribution_ms([p[3] - p[1] for p in floor]),
+            "floor_total_ms": _distribution_ms([p[4] - p[2] for p in floor]),
+            "floor_load_average": [round(x, 2) for x in floor_load],
             "direct_ttfb_ms": _distribution_ms([p[1] for p in measured]),
             "direct_total_ms": _distribution_ms([p[2] for p in measured]),
             "watch_total_ms": _distribution_ms([p[4] for p in measured]),
@@ -360,6 +375,7 @@ def watch_text(section: dict[str, Any]) -> list[str]:
     if "error" in section:
         return [f"watch            {section['error']}"]
     t, b, d = section["added_ttfb_ms"], section["added_total_ms"], section["direct_total_ms"]
+    f, g = section["floor_ttfb_ms"], section["floor_total_ms"]
     load = section["load_average"]
     cpu = ", ".join(f"{name} {s:.1f} s" for name, s in section["cpu_s"].items())
     return [
@@ -368,6 +384,9 @@ def watch_text(section: dict[str, Any]) -> list[str]:
         f"ms, last byte p50 {b['p50']:+.2f} / p99 {b['p99']:+.2f} ms (max {b['max']:+.1f}); direct last byte p50 "
         f"{d['p50']:.0f} / p99 {d['p99']:.0f} ms; load average {load['before'][0]:.2f} -> {load['after'][0]:.2f} "
         f"on {section['cpus']} CPUs",
+        f"watch floor      direct against direct, the same load (load average {section['floor_load_average'][0]:.2f}): "
+        f"first byte p99 {f['p99']:+.2f} ms, last byte p99 {g['p99']:+.2f} ms (max {g['max']:+.1f}): the "
+        "measurement's own spread, none of it the watch's",
         f"watch cost       proxy CPU {section['proxy_cpu_ms_per_request']:.2f} ms per request, "
         f"{section['proxy_cpu_us_per_event']:.0f} us per streamed event ({section['events_per_request']} events a "
         f"request); CPU during the load: {cpu}; bodies differing {section['bodies_differ']}",
