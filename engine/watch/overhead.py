@@ -1,6 +1,6 @@
 """What the watch costs a request: `python -m engine bench`'s watch section.
 
-Three kinds of process, none sharing an interpreter or an event loop with another: the replay upstream
+Three kinds of process, none sharing an interpreter, an event loop or a session with another: the replay upstream
 (upstream.py, paced as a generating server: its first chunk after `first_token_s`, each later chunk after the decode
 steps of the tokens it carries, `token_s` each, on a schedule from the request's arrival), the watch in front of it
 (`python -m engine watch`: the proxy; its recorder process, nice 10; the recorder's analysis process, SCHED_IDLE)
@@ -284,7 +284,8 @@ def _run_load(direct_port: int, watch_port: int, sessions: int, rounds: int, env
     loader = subprocess.run([sys.executable, "-c", "import json, sys; from engine.watch.overhead import "
                              "load_pairs; print(json.dumps(load_pairs(*map(int, sys.argv[1:]))))",
                              str(direct_port), str(watch_port), str(sessions), str(rounds)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S,
+                            start_new_session=True)
     if loader.returncode != 0:
         raise RuntimeError(f"the load generator failed: {loader.stderr.strip().splitlines()[-1:]}")
     return json.loads(loader.stdout)
@@ -294,7 +295,11 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
                    first_token_s: float = FIRST_TOKEN_S, token_s: float = TOKEN_S) -> dict[str, Any]:
     up_port, watch_port = _free_port(), _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    # Each of the three as a program of its own (a server, the watch, the clients), each in a session of its own: with
+    # autogroup on, a session is a scheduling group, and in one group the proxy took turns with the upstream and the
+    # load generator inside one share of the machine, which a watch started on its own does not.
+    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+             "start_new_session": True}
     upstream = subprocess.Popen([sys.executable, "-m", "engine.watch.upstream", str(SAMPLE), str(up_port),
                                  str(first_token_s), str(token_s)], **quiet)
     out = tempfile.mkdtemp(prefix="drift-watch-bench-")
