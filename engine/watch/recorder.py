@@ -118,17 +118,21 @@ class WatchState:
             pass  # the folder went away: the proxy still passes requests through
 
 
-def _send_lines(lines: queue.Queue, stdin: IO[bytes]) -> None:
-    """Queued (line number, line) pairs to the analysis process, one "N line" per line, until None."""
+def _send_lines(lines: queue.Queue, records: Path, stdin: IO[bytes]) -> None:
+    """Queued lines (line number, offset, length) to the analysis process, each read back from the records file
+    (written and flushed before it was queued), one "N line" per line, until None."""
     listened = True
-    while (item := lines.get()) is not None:
-        if not listened:
-            continue
-        try:
-            stdin.write(f"{item[0]} {item[1]}".encode())  # the line ends in its own newline
-            stdin.flush()
-        except (BrokenPipeError, ValueError):  # the analysis is gone: lines are still recorded
-            listened = False
+    with open(records, "rb") as file:
+        while (item := lines.get()) is not None:
+            if not listened:
+                continue
+            number, offset, length = item
+            try:
+                stdin.write(b"%d " % number)
+                stdin.write(os.pread(file.fileno(), length, offset))  # the line ends in its own newline
+                stdin.flush()
+            except (BrokenPipeError, ValueError):  # the analysis is gone: lines are still recorded
+                listened = False
     try:
         stdin.close()
     except BrokenPipeError:
@@ -172,12 +176,13 @@ def run_recorder(settings: AnalysisSettings, frames_fd: int) -> None:
     state.pids["analysis"] = analysis.pid
     lines: queue.Queue = queue.Queue(settings.queue_size)
     assert analysis.stdin is not None
-    sender = threading.Thread(target=_send_lines, args=(lines, analysis.stdin), name="drift-watch-lines",
+    records = Path(settings.out_dir) / settings.records_name
+    sender = threading.Thread(target=_send_lines, args=(lines, records, analysis.stdin), name="drift-watch-lines",
                               daemon=True)
     events = threading.Thread(target=_read_events, args=(analysis, state), name="drift-watch-events", daemon=True)
     sender.start()
     events.start()
-    Recorder(Path(settings.out_dir) / settings.records_name, lines, state.line_written).run(
+    Recorder(records, lines, state.line_written).run(
         os.fdopen(frames_fd, "rb"))  # until the proxy is done; then None ends the lines
     sender.join()
     events.join()
