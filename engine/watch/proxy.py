@@ -78,27 +78,25 @@ class _SchedAttr(ctypes.Structure):  # struct sched_attr (linux/sched/types.h)
                 ("util_max", ctypes.c_uint32)]
 
 
-def short_slice(slice_ns: int = PROXY_SLICE_NS) -> int | None:
+def short_slice(slice_ns: int = PROXY_SLICE_NS) -> None:
     """Ask the kernel to run this thread in short slices: on Linux 6.12 and later (EEVDF), a normal task's
     `sched_runtime` is its slice, and a shorter slice is an earlier virtual deadline, so that when a chunk wakes the
     proxy on a busy machine it preempts the running task instead of waiting out that task's slice (1.4 ms here), and
     a burst of its own work is cut more finely in turn. Its share of the CPU is unchanged (the weight, its nice
-    level, is kept); no privilege is needed. The slice now in force, or None where the call does not exist (older
-    kernels accept it and keep their own slice)."""
+    level, is kept); no privilege is needed. Older kernels accept the call and keep their own slice; elsewhere
+    nothing is asked. /proc/PID/sched shows it (`se.slice`)."""
     calls = _SCHED_ATTR_CALLS.get(platform.machine())
     if calls is None or sys.platform != "linux":
-        return None
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr))
         if libc.syscall(calls[1], 0, ctypes.byref(attr), ctypes.sizeof(_SchedAttr), 0) != 0 or attr.policy != 0:
-            return None  # not a normal task (someone made it real-time or idle): left as it is
+            return  # not a normal task (someone made it real-time or idle): left as it is
         attr.runtime = slice_ns
         libc.syscall(calls[0], 0, ctypes.byref(attr), 0)
-        libc.syscall(calls[1], 0, ctypes.byref(attr), ctypes.sizeof(_SchedAttr), 0)
-        return int(attr.runtime)
     except (OSError, AttributeError):
-        return None
+        pass
 
 
 class UpstreamCut(Exception):

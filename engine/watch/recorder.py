@@ -121,18 +121,23 @@ class WatchState:
 def _send_lines(lines: queue.Queue, records: Path, stdin: IO[bytes]) -> None:
     """Queued lines (line number, offset, length) to the analysis process, each read back from the records file
     (written and flushed before it was queued), one "N line" per line, until None."""
-    listened = True
-    with open(records, "rb") as file:
-        while (item := lines.get()) is not None:
-            if not listened:
-                continue
-            number, offset, length = item
-            try:
-                stdin.write(b"%d " % number)
-                stdin.write(os.pread(file.fileno(), length, offset))  # the line ends in its own newline
-                stdin.flush()
-            except (BrokenPipeError, ValueError):  # the analysis is gone: lines are still recorded
-                listened = False
+    try:
+        source: int | None = os.open(records, os.O_RDONLY)
+    except OSError:
+        source = None  # nothing to send: the queue is still drained, so that the recorder never waits on it
+    while (item := lines.get()) is not None:
+        if source is None:
+            continue
+        number, offset, length = item
+        try:
+            stdin.write(b"%d " % number)
+            stdin.write(os.pread(source, length, offset))  # the line ends in its own newline
+            stdin.flush()
+        except (OSError, ValueError):  # the analysis is gone (or the file): lines are still recorded
+            os.close(source)
+            source = None
+    if source is not None:
+        os.close(source)
     try:
         stdin.close()
     except BrokenPipeError:
