@@ -31,6 +31,7 @@ from engine.traces.report import ParkedSessions, analyse_trace
 from engine.watch.live import LiveAnalysis, read_watch
 from engine.watch.proxy import Watch, WatchSettings
 from engine.watch.record import Exchange, Recorder, exchange_frame, upstream_body
+from engine.watch.recorder import _send_lines
 from engine.watch.upstream import ReplayUpstream, load_completions, recorded_sessions, session_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,6 +321,28 @@ def test_a_full_analysis_queue_drops_and_counts_but_records_everything(tmp_path)
     assert full.get(timeout=BOUND_S)[0] == 1  # the one line the queue had room for; then the end of the frames
     assert full.get(timeout=BOUND_S) is None
     thread.join(BOUND_S)
+
+
+def test_the_analysis_is_sent_each_line_read_back_from_the_records(tmp_path):
+    """The queue holds where each line is, not the line: the analysis gets "N line" for each, byte for byte the
+    records file's lines (non-ASCII text included), in order."""
+    lines: queue.Queue = queue.Queue(maxsize=8)
+    records = tmp_path / "records.jsonl"
+    recorder = Recorder(records, lines, lambda seq, outcome, offered: None)
+    for seq, text in enumerate(["plain", "東京 — naïve"], start=1):
+        exchange = Exchange(seq, json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), time.time(),
+                            status=200)
+        exchange.body += json.dumps({"choices": [{"message": {"content": text}}]}, ensure_ascii=False).encode()
+        recorder.write(exchange)
+    recorder.file.close()
+    lines.put(None)
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as stdin:
+        _send_lines(lines, records, stdin)
+    with os.fdopen(read, "rb") as sent:
+        assert sent.read() == b"".join(b"%d " % n + line for n, line in enumerate(records.read_bytes().splitlines(
+            keepends=True), start=1))
+    assert [json.loads(line)["watch"]["seq"] for line in records.read_bytes().splitlines()] == [1, 2]
 
 
 def test_the_analysis_runs_at_the_lowest_priority(tmp_path):

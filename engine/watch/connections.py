@@ -162,6 +162,10 @@ class Response:
                 return
             await self._wait()
 
+    def ended_whole(self) -> bool:
+        """Every piece given out and the response complete, with no error: what `body()` yields next is its end."""
+        return self.complete and self.error is None and not self.chunks
+
     def release(self) -> None:
         connection = self.connection
         connection.response = None

@@ -1,12 +1,13 @@
 """What the watch costs a request: `python -m engine bench`'s watch section.
 
-Three kinds of process, none sharing an interpreter or an event loop with another: the replay upstream
+Three kinds of process, none sharing an interpreter, an event loop or a session with another: the replay upstream
 (upstream.py, paced as a generating server: its first chunk after `first_token_s`, each later chunk after the decode
 steps of the tokens it carries, `token_s` each, on a schedule from the request's arrival), the watch in front of it
 (`python -m engine watch`: the proxy; its recorder process, nice 10; the recorder's analysis process, SCHED_IDLE)
 and the load generator (`load_pairs` below, a process of its own: uvloop when it is
-installed, httptools' parser on keep-alive connections, no HTTP library between it and the socket, so that it costs
-little beside what it measures).
+installed, httptools' parser on non-blocking sockets kept alive, no HTTP library between it and the socket, so that
+it costs little beside what it measures; the times of a response's bytes are the kernel's arrival times, so that its
+own wait for a core is not counted on either side).
 
 Each of `sessions` clients runs the samples' sessions request after request, streamed, `rounds` times, and sends every
 request twice at the same moment: once straight to the upstream and once through the watch (which of the two is
@@ -18,7 +19,10 @@ first round warms the connections (the watch's pool to the upstream included) an
 
 Beside the figure: the load average before and after, the CPU time each process spent during the load (the proxy's
 per request and per streamed chunk), and memory: each process' peak RSS (VmHWM) and the highest sum of the watch's
-processes' RSS sampled every 0.2 s during the load. A benchmark, not a test: nothing here asserts a timing.
+processes' RSS sampled every 0.2 s during the load. And the measurement's floor: once the analysis has caught up,
+the same load again with both copies of each pair sent straight to the upstream, the watch idle beside it; the spread
+of those differences (the upstream serving two copies in different turns of its loop, each waiting for a core) is
+what an added figure cannot be told apart from. A benchmark, not a test: nothing here asserts a timing.
 
 How others measure a proxy's overhead, and what is followed here: Envoy's benchmarking guidance (against a direct
 connection, with no queueing limits in the proxy, checking that every stream and connection is the one expected);
@@ -34,6 +38,7 @@ import os
 import random
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -119,32 +124,79 @@ def _wait(url: str, ready: Any, bound_s: float = BOUND_S) -> Any:
 # ---- the load generator (its own process) ----------------------------------------------------------------------
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each read says when its bytes reached the socket
+_TIMESPEC = struct.Struct("qq")
+
+
 class _Connection:
-    """One keep-alive HTTP/1.1 connection: a request written whole, its response read by httptools' parser (in C),
-    the times of the first body byte and of the last byte kept."""
+    """One keep-alive HTTP/1.1 connection: a request written whole, its response read by httptools' parser (in C).
+
+    The times of the first body byte and of the last byte are the kernel's: when the bytes of the read that holds
+    them reached this socket (SO_TIMESTAMPNS), not when this process got round to reading them. One process reads
+    all 2 x N streams; on a busy machine it waits for a core too, and a wait taken by the loop's clock falls on
+    whichever side of a pair it reads second: noise in the differences that is not the watch's. The watch's own
+    waits are all in the kernel's times: its bytes reach the client's socket only once the watch has written them.
+    (A read that holds two events is stamped with the later one's arrival, so a first byte read that late is late
+    by one event, as it was by the loop's clock.)"""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.transport: Any = None
+        self.sock: socket.socket | None = None
         self.done: asyncio.Future | None = None
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        self.transport, _ = await loop.create_connection(lambda: _Reader(self), self.host, self.port)
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        await loop.sock_connect(sock, (self.host, self.port))
+        self.sock = sock
+        loop.add_reader(sock.fileno(), self._readable)
 
     async def exchange(self, raw: bytes) -> tuple[float, float, int, bytes]:
         """(seconds to the first body byte, seconds to the last byte, status, body)."""
         import httptools
 
-        if self.transport is None or self.transport.is_closing():
-            await self.open()
+        assert self.sock is not None
         self.parser = httptools.HttpResponseParser(self)
         self.body, self.first, self.last, self.now = bytearray(), 0.0, 0.0, 0.0
         self.done = asyncio.get_running_loop().create_future()
-        start = time.perf_counter()
-        self.transport.write(raw)
+        start = time.time()  # the kernel's timestamps are on the same clock (CLOCK_REALTIME)
+        sent = self.sock.send(raw)
+        if sent < len(raw):
+            await asyncio.get_running_loop().sock_sendall(self.sock, raw[sent:])
         await self.done
         return self.first - start, self.last - start, self.parser.get_status_code(), bytes(self.body)
+
+    def _readable(self) -> None:
+        assert self.sock is not None
+        try:
+            data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(_TIMESPEC.size))
+        except BlockingIOError:
+            return
+        except OSError as err:
+            self._lost(err)
+            return
+        self.now = time.time()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack(value[:_TIMESPEC.size])
+                self.now = seconds + nanoseconds * 1e-9
+        if not data:
+            self._lost(None)
+            return
+        self.parser.feed_data(data)
+
+    def _lost(self, err: Exception | None) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection closed mid-response ({err or 'EOF'})"))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            self.sock.close()
 
     # httptools' callbacks
     def on_body(self, body: bytes) -> None:
@@ -156,20 +208,6 @@ class _Connection:
         self.last = self.now
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
-
-
-class _Reader(asyncio.Protocol):
-    def __init__(self, connection: _Connection) -> None:
-        self.connection = connection
-
-    def data_received(self, data: bytes) -> None:
-        self.connection.now = time.perf_counter()
-        self.connection.parser.feed_data(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        done = self.connection.done
-        if done is not None and not done.done():
-            done.set_exception(ConnectionError(f"connection closed mid-response ({exc})"))
 
 
 def _raw_request(port: int, path: str, body: bytes) -> bytes:
@@ -199,7 +237,7 @@ async def _load(targets: dict[str, int], sessions: int, rounds: int, ramp_s: flo
                 d, w = results["direct"], results["watch"]
                 pairs.append([r, d[0], d[1], w[0], w[1], d[2], w[2], d[3] == w[3], d[3].count(b"\n\ndata: ") + 1])
         for connection in connections.values():
-            connection.transport.close()
+            connection.close()
 
     await asyncio.gather(*(client(n) for n in range(sessions)))
     return pairs
@@ -241,11 +279,27 @@ class _MemorySampler(threading.Thread):
             self.peak_sum = max(self.peak_sum, sum(_status_field(p, "VmRSS") or 0.0 for p in self.pids))
 
 
+def _run_load(direct_port: int, watch_port: int, sessions: int, rounds: int, env: dict[str, str]) -> list[list]:
+    """`load_pairs` in a process of its own."""
+    loader = subprocess.run([sys.executable, "-c", "import json, sys; from engine.watch.overhead import "
+                             "load_pairs; print(json.dumps(load_pairs(*map(int, sys.argv[1:]))))",
+                             str(direct_port), str(watch_port), str(sessions), str(rounds)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S,
+                            start_new_session=True)
+    if loader.returncode != 0:
+        raise RuntimeError(f"the load generator failed: {loader.stderr.strip().splitlines()[-1:]}")
+    return json.loads(loader.stdout)
+
+
 def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5", engine: str = "vllm@0.33.0",
                    first_token_s: float = FIRST_TOKEN_S, token_s: float = TOKEN_S) -> dict[str, Any]:
     up_port, watch_port = _free_port(), _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    # Each of the three as a program of its own (a server, the watch, the clients), each in a session of its own: with
+    # autogroup on, a session is a scheduling group, and in one group the proxy took turns with the upstream and the
+    # load generator inside one share of the machine, which a watch started on its own does not.
+    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+             "start_new_session": True}
     upstream = subprocess.Popen([sys.executable, "-m", "engine.watch.upstream", str(SAMPLE), str(up_port),
                                  str(first_token_s), str(token_s)], **quiet)
     out = tempfile.mkdtemp(prefix="drift-watch-bench-")
@@ -266,15 +320,9 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
         sampler.start()
         loads = [os.getloadavg()]
         cpu_before = {p: _cpu_s(p) for p in [upstream.pid, *watch_pids]}
-        loader = subprocess.run([sys.executable, "-c", "import json, sys; from engine.watch.overhead import "
-                                 "load_pairs; print(json.dumps(load_pairs(*map(int, sys.argv[1:]))))",
-                                 str(up_port), str(watch_port), str(sessions), str(rounds)],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S)
-        if loader.returncode != 0:
-            raise RuntimeError(f"the load generator failed: {loader.stderr.strip().splitlines()[-1:]}")
+        pairs = _run_load(up_port, watch_port, sessions, rounds, env)
         loads.append(os.getloadavg())
         cpu = {p: _cpu_s(p) - before for p, before in cpu_before.items()}
-        pairs = json.loads(loader.stdout)
         state = _wait(state_url, lambda s: s["recorded"] >= len(pairs), BOUND_S)
         behind, drain_started, drain_s = state["queued"], time.monotonic(), None
         try:  # the analysis is SCHED_IDLE: on a busy machine it catches up only as CPU time comes free
@@ -284,6 +332,10 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
             state = _get_json(state_url)
         sampler.stop.set()
         sampler.join()
+        # The measurement's own floor: the same load with both copies sent straight to the upstream (the watch idle
+        # beside it). Its differences are the upstream's and the machine's, none of them the watch's.
+        floor_load = os.getloadavg()
+        floor = [p for p in _run_load(up_port, up_port, sessions, rounds, env) if p[0] > 0]
         measured = [p for p in pairs if p[0] > 0]  # round 0 warms the connections
         events = sum(p[8] for p in pairs)
         return {
@@ -292,6 +344,9 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
             "events_per_request": round(events / len(pairs), 1),
             "added_ttfb_ms": _distribution_ms([p[3] - p[1] for p in measured]),
             "added_total_ms": _distribution_ms([p[4] - p[2] for p in measured]),
+            "floor_ttfb_ms": _distribution_ms([p[3] - p[1] for p in floor]),
+            "floor_total_ms": _distribution_ms([p[4] - p[2] for p in floor]),
+            "floor_load_average": [round(x, 2) for x in floor_load],
             "direct_ttfb_ms": _distribution_ms([p[1] for p in measured]),
             "direct_total_ms": _distribution_ms([p[2] for p in measured]),
             "watch_total_ms": _distribution_ms([p[4] for p in measured]),
@@ -325,6 +380,7 @@ def watch_text(section: dict[str, Any]) -> list[str]:
     if "error" in section:
         return [f"watch            {section['error']}"]
     t, b, d = section["added_ttfb_ms"], section["added_total_ms"], section["direct_total_ms"]
+    f, g = section["floor_ttfb_ms"], section["floor_total_ms"]
     load = section["load_average"]
     cpu = ", ".join(f"{name} {s:.1f} s" for name, s in section["cpu_s"].items())
     return [
@@ -333,6 +389,9 @@ def watch_text(section: dict[str, Any]) -> list[str]:
         f"ms, last byte p50 {b['p50']:+.2f} / p99 {b['p99']:+.2f} ms (max {b['max']:+.1f}); direct last byte p50 "
         f"{d['p50']:.0f} / p99 {d['p99']:.0f} ms; load average {load['before'][0]:.2f} -> {load['after'][0]:.2f} "
         f"on {section['cpus']} CPUs",
+        f"watch floor      direct against direct, the same load (load average {section['floor_load_average'][0]:.2f}): "
+        f"first byte p99 {f['p99']:+.2f} ms, last byte p99 {g['p99']:+.2f} ms (max {g['max']:+.1f}): the "
+        "measurement's own spread, none of it the watch's",
         f"watch cost       proxy CPU {section['proxy_cpu_ms_per_request']:.2f} ms per request, "
         f"{section['proxy_cpu_us_per_event']:.0f} us per streamed event ({section['events_per_request']} events a "
         f"request); CPU during the load: {cpu}; bodies differing {section['bodies_differ']}",

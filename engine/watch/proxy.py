@@ -19,10 +19,13 @@ this process' own count of other requests), `/watch/state` the status it writes 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
+import gc
 import json
 import logging
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -64,6 +67,36 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"proxy-connection", b"expect"})
 FRAMES_PIPE_BYTES = 1 << 20  # the pipe to the recorder holds this much before frames wait in the proxy
+PROXY_SLICE_NS = 100_000  # the shortest time slice the kernel grants (EEVDF: 0.1 ms)
+_SCHED_ATTR_CALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
+
+
+class _SchedAttr(ctypes.Structure):  # struct sched_attr (linux/sched/types.h)
+    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
+                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
+                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64), ("util_min", ctypes.c_uint32),
+                ("util_max", ctypes.c_uint32)]
+
+
+def short_slice(slice_ns: int = PROXY_SLICE_NS) -> None:
+    """Ask the kernel to run this thread in short slices: on Linux 6.12 and later (EEVDF), a normal task's
+    `sched_runtime` is its slice, and a shorter slice is an earlier virtual deadline, so that when a chunk wakes the
+    proxy on a busy machine it preempts the running task instead of waiting out that task's slice (1.4 ms here), and
+    a burst of its own work is cut more finely in turn. Its share of the CPU is unchanged (the weight, its nice
+    level, is kept); no privilege is needed. Older kernels accept the call and keep their own slice; elsewhere
+    nothing is asked. /proc/PID/sched shows it (`se.slice`)."""
+    calls = _SCHED_ATTR_CALLS.get(platform.machine())
+    if calls is None or sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr))
+        if libc.syscall(calls[1], 0, ctypes.byref(attr), ctypes.sizeof(_SchedAttr), 0) != 0 or attr.policy != 0:
+            return  # not a normal task (someone made it real-time or idle): left as it is
+        attr.runtime = slice_ns
+        libc.syscall(calls[0], 0, ctypes.byref(attr), 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class UpstreamCut(Exception):
@@ -287,11 +320,16 @@ class PassThrough:
         watcher = asyncio.ensure_future(client_gone())
         try:
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            ended = False
             async for piece in upstream.body():
                 if record is not None:
                     record.extend(piece)
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                # The upstream's last piece and the response's end go to the client as one write when they came
+                # together (a stream's `[DONE]` event and the chunked body's end, usually one read).
+                ended = upstream.ended_whole()
+                await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamBroke as err:
             if exchange is not None:
                 exchange.outcome, exchange.error = "upstream-failed", f"{type(err).__name__}: {err}"
@@ -353,7 +391,11 @@ class Watch:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engine.watch.recorder", json.dumps(asdict(settings)), str(frames_read)],
             pass_fds=(frames_read,), env=env, stdin=subprocess.DEVNULL,
-            start_new_session=True)  # Ctrl-C stops the proxy, which then lets it finish what it was given
+            # A process group of its own: Ctrl-C stops the proxy, which then lets it finish what it was given. Not
+            # a session of its own: where the kernel groups tasks by session (autogroup, on in most distributions),
+            # a new session is a new group with the same CPU share as the proxy's, whatever the nice level or
+            # SCHED_IDLE of the tasks in it, so the recorder and the analysis would take as much CPU as the proxy.
+            process_group=0)
         os.close(frames_read)
         self.frames = FrameSink(frames_write)
         self.metrics = ProxyMetrics(self.frames)
@@ -411,6 +453,12 @@ class Watch:
 
     def serve(self) -> None:
         server = self.server()
+        server.config.load()  # uvicorn's protocol and loop modules imported now, before the heap is frozen
+        # Started: what is on the heap now (modules, the app) lives as long as the process, and a full collection
+        # would walk it all while requests wait; frozen, a collection walks only what requests made.
+        gc.collect()
+        gc.freeze()
+        short_slice()  # this thread only, after the recorder started: its processes keep the kernel's slice
         try:
             server.run()  # on uvicorn's loop: uvloop when it is installed
         finally:

@@ -106,28 +106,31 @@ def read_frame(stream: IO[bytes]) -> Exchange | None:
 
 class Recorder:
     """The records file's only writer: exchanges in (frames, in the order they ended), each written as its line and
-    flushed, then offered to the analysis (`analysis`, a bounded queue of (line number, line); a full queue drops the
-    offer, counted; None at the end). `notify(seq, outcome, offered)` is called per line written."""
+    flushed, then offered to the analysis (`analysis`, a bounded queue of (line number, offset, length): where the
+    line is in the file, which its reader reads back, so that a full queue holds no copy of the lines; a full queue
+    drops the offer, counted; None at the end). `notify(seq, outcome, offered)` is called per line written."""
 
     def __init__(self, path: Path, analysis: queue.Queue | None, notify: Callable[[int, str, bool], None]) -> None:
         self.path, self.analysis, self.notify = path, analysis, notify
         self.lines = 0
         self.dropped = 0
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self.file = open(path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by `finish`
+        self.file = open(path, "ab")  # noqa: SIM115 - closed by `finish`
+        self.offset = self.file.tell()
 
     def write(self, exchange: Exchange) -> None:
         record = record_of(exchange)
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         self.file.write(line)
         self.file.flush()
+        offset, self.offset = self.offset, self.offset + len(line)
         self.lines += 1
         outcome = record["watch"]["outcome"]
         self.outcomes[outcome] += 1
         offered = False
         if self.analysis is not None:
             try:
-                self.analysis.put_nowait((self.lines, line))
+                self.analysis.put_nowait((self.lines, offset, len(line)))
                 offered = True
             except queue.Full:
                 self.dropped += 1

@@ -118,17 +118,26 @@ class WatchState:
             pass  # the folder went away: the proxy still passes requests through
 
 
-def _send_lines(lines: queue.Queue, stdin: IO[bytes]) -> None:
-    """Queued (line number, line) pairs to the analysis process, one "N line" per line, until None."""
-    listened = True
+def _send_lines(lines: queue.Queue, records: Path, stdin: IO[bytes]) -> None:
+    """Queued lines (line number, offset, length) to the analysis process, each read back from the records file
+    (written and flushed before it was queued), one "N line" per line, until None."""
+    try:
+        source: int | None = os.open(records, os.O_RDONLY)
+    except OSError:
+        source = None  # nothing to send: the queue is still drained, so that the recorder never waits on it
     while (item := lines.get()) is not None:
-        if not listened:
+        if source is None:
             continue
+        number, offset, length = item
         try:
-            stdin.write(f"{item[0]} {item[1]}".encode())  # the line ends in its own newline
+            stdin.write(b"%d " % number)
+            stdin.write(os.pread(source, length, offset))  # the line ends in its own newline
             stdin.flush()
-        except (BrokenPipeError, ValueError):  # the analysis is gone: lines are still recorded
-            listened = False
+        except (OSError, ValueError):  # the analysis is gone (or the file): lines are still recorded
+            os.close(source)
+            source = None
+    if source is not None:
+        os.close(source)
     try:
         stdin.close()
     except BrokenPipeError:
@@ -172,12 +181,13 @@ def run_recorder(settings: AnalysisSettings, frames_fd: int) -> None:
     state.pids["analysis"] = analysis.pid
     lines: queue.Queue = queue.Queue(settings.queue_size)
     assert analysis.stdin is not None
-    sender = threading.Thread(target=_send_lines, args=(lines, analysis.stdin), name="drift-watch-lines",
+    records = Path(settings.out_dir) / settings.records_name
+    sender = threading.Thread(target=_send_lines, args=(lines, records, analysis.stdin), name="drift-watch-lines",
                               daemon=True)
     events = threading.Thread(target=_read_events, args=(analysis, state), name="drift-watch-events", daemon=True)
     sender.start()
     events.start()
-    Recorder(Path(settings.out_dir) / settings.records_name, lines, state.line_written).run(
+    Recorder(records, lines, state.line_written).run(
         os.fdopen(frames_fd, "rb"))  # until the proxy is done; then None ends the lines
     sender.join()
     events.join()
