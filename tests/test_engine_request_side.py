@@ -178,7 +178,12 @@ def test_sglang_hands_the_template_its_pydantic_dump_of_the_tools():
     assert get_engine("sglang@0.5.23").served_tools(tools) == [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "description": None},
          "defer_loading": None}]
-    assert get_engine("sglang@0.5.12").served_tools(tools) == [
+    # 0.5.12 (no emulation: its own request side) dumps the Function model's fields in their declared order
+    need("sglang@0.5.12")
+    prep = get_engine("sglang@0.5.12").prepare_templated_request(
+        [{"role": "user", "content": "hi"}], tools, kwargs={}, chat_template="{{ messages }}",
+        parsers={"tool_call_parser": "qwen25"})
+    assert prep.tools == [
         {"type": "function", "function": {"description": None, "name": "f", "parameters": {"type": "object"},
                                           "strict": False}, "defer_loading": None}]
 
