@@ -4,12 +4,15 @@ golden files from it) and benchmarks/real_engines.py (which checks every release
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
 import corpus
 
 from engine.serving.real.backend import AddedVocab, RealEngine
+from engine.serving.registry import for_parsers, get_engine
+from engine.types import ToolCall
 
 _RANDOM_ID = re.compile(r"^(chatcmpl-tool-|call_)[0-9a-f]{16,32}$")
 
@@ -71,11 +74,6 @@ def parse_as_served(spec: str, family: str, text: str, *, reasoning_parser: str 
     """What a client of `spec` gets for `text` (a model of corpus `family`): the pinned release's emulation where it
     has the pair, else the release's own code driven as the golden files are written (run_case), random ids
     normalised as those files record them. A test that calls it for real code must require_release(spec) first."""
-    import dataclasses
-
-    from engine.serving.registry import for_parsers, get_engine
-    from engine.types import ToolCall
-
     engine = for_parsers(get_engine(spec), reasoning_parser, tool_parser)
     if not engine.is_real_release:
         return engine.parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
