@@ -347,10 +347,13 @@ class SegmentCachedTokenizer:
     distinct string is also answered once. Same Tokenizer protocol, same ids and offsets as `inner.encode`."""
 
     def __init__(self, inner: Tokenizer, plan: SegmentPlan, *, name: str | None = None, max_strings: int = 4096,
-                 max_segments: int = 16384) -> None:
+                 max_segments: int = 16384, all_special_tokens: tuple[str, ...] | None = None) -> None:
         self.inner = inner
         self.name = name or inner.name
         self.plan = plan
+        # What transformers lists in this model's all_special_tokens (models.listed_special_tokens); None: not known,
+        # the tokenizer file's special flags stand in. The engines' parsers read it (vLLM's parser engine drops them).
+        self.all_special_tokens = all_special_tokens
         self._tokens_memo = lru_cache(maxsize=max_strings)(self._tokens_uncached)
         self._ids_memo = lru_cache(maxsize=max_strings)(self._ids_uncached)
         self._segment = lru_cache(maxsize=max_segments)(inner.encode)
@@ -492,8 +495,10 @@ class SegmentCachedTokenizer:
 
 
 
-def segment_cached_hf(inner: HFTokenizer, name: str) -> SegmentCachedTokenizer:
-    return SegmentCachedTokenizer(inner, hf_segment_plan(hf_segment_config(inner.backend)), name=name)
+def segment_cached_hf(inner: HFTokenizer, name: str,
+                      all_special_tokens: tuple[str, ...] | None = None) -> SegmentCachedTokenizer:
+    return SegmentCachedTokenizer(inner, hf_segment_plan(hf_segment_config(inner.backend)), name=name,
+                                  all_special_tokens=all_special_tokens)
 
 
 def segment_cached_tiktoken(tokenizer: Any) -> SegmentCachedTokenizer:

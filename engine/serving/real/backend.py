@@ -236,8 +236,9 @@ def stop_workers() -> None:
 atexit.register(stop_workers)
 
 
-# id(tokenizer backend) -> (that backend, its vocabulary); the backend is held so that its id is not reused
-_VOCABS: dict[int, tuple[Any, AddedVocab | None]] = {}
+# (id(tokenizer backend), the special tokens listed) -> (that backend, its vocabulary); the backend is held so that
+# its id is not reused
+_VOCABS: dict[tuple[int, tuple[str, ...] | None], tuple[Any, AddedVocab | None]] = {}
 MAX_VOCABS = 64
 
 
@@ -253,29 +254,35 @@ class AddedVocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> AddedVocab | None:
-        """From one of the explorer's real tokenizers (tokenizers' added tokens, or tiktoken's special tokens)."""
-        inner = tokenizer
+        """From one of the explorer's real tokenizers (tokenizers' added tokens, or tiktoken's special tokens). The
+        special ones are what transformers would list in all_special_tokens where the model says
+        (`all_special_tokens` of a wrapper: models.listed_special_tokens), else the tokenizer file's special flags."""
+        inner, listed = tokenizer, getattr(tokenizer, "all_special_tokens", None)
         while hasattr(inner, "inner"):
             inner = inner.inner
+            listed = listed if listed is not None else getattr(inner, "all_special_tokens", None)
         backend = getattr(inner, "backend", None)
         if backend is None:
             return None
         # Read once per tokenizer: every parse and request-side render of a matrix asks (the decoder lists hundreds)
-        known = _VOCABS.get(id(backend))
+        key = (id(backend), listed)
+        known = _VOCABS.get(key)
         if known is not None and known[0] is backend:
             return known[1]
-        vocab = cls._read(inner, backend)
+        vocab = cls._read(inner, backend, listed)
         if len(_VOCABS) >= MAX_VOCABS:  # uploads bring tokenizers of their own to a long-lived server
             _VOCABS.clear()
-        _VOCABS[id(backend)] = (backend, vocab)
+        _VOCABS[key] = (backend, vocab)
         return vocab
 
     @classmethod
-    def _read(cls, inner: Any, backend: Any) -> AddedVocab | None:
+    def _read(cls, inner: Any, backend: Any, listed: tuple[str, ...] | None) -> AddedVocab | None:
         if hasattr(backend, "get_added_tokens_decoder"):
             decoder = backend.get_added_tokens_decoder()
-            return cls({t.content: i for i, t in decoder.items()},
-                       frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
+            ids = {t.content: i for i, t in decoder.items()}
+            special = frozenset(t.content for t in decoder.values() if t.special) if listed is None else \
+                frozenset(listed) & ids.keys()
+            return cls(ids, special, tokenizer_file(backend))
         if hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
