@@ -61,11 +61,12 @@ class HFTokenizer:
     so the file is always loaded through `tokenizers.Tokenizer`.
     """
 
-    def __init__(self, tokenizer_json: str, name: str) -> None:
+    def __init__(self, tokenizer_json: str, name: str, source_sha256: str | None = None) -> None:
         from tokenizers import Tokenizer as _RustTokenizer
 
         self._tok = _RustTokenizer.from_str(tokenizer_json)
         self.name = name
+        self.source_sha256 = source_sha256  # of the tokenizer.json it was loaded from, where the caller checked it
         self._added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
         self._special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
         self._added_ids = frozenset(self._added.values())
@@ -109,7 +110,8 @@ def load_hf_tokenizer(tokenizer_json: bytes, sha256: str) -> HFTokenizer:
     with lock:
         loaded = _LOADED_HF.get(sha256)
         if loaded is None:
-            loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})")
+            loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})",
+                                 source_sha256=sha256)
             _LOADED_HF[sha256] = loaded
     return loaded
 

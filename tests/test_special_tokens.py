@@ -52,3 +52,22 @@ def test_deepseek_lists_bos_and_eos_only() -> None:
         vocab = AddedVocab.from_tokenizer(load_model(model_id).tokenizer)
         assert vocab.special == {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}
         assert "｜DSML｜" in vocab.ids
+
+
+def test_the_workers_tokenizer_file_is_named_by_the_checked_tokenizer_json(tmp_path: Path, monkeypatch) -> None:
+    """Written once per machine under the sha256 of the tokenizer.json the model loaded (serialising a tokenizer to
+    name its file cost a fresh process 0.7-2 s a model), and it is that tokenizer."""
+    from tokenizers import Tokenizer
+
+    from engine.models import build_tokenizer
+    from engine.serving.real.backend import tokenizer_file
+
+    monkeypatch.setenv("DRIFT_ENGINE_CACHE", str(tmp_path))
+    tokenizer, asset = build_tokenizer(load_spec("qwen2.5"))
+    written = Path(tokenizer_file.__wrapped__(tokenizer.inner))
+    assert written == tmp_path / "tokenizers" / f"from-{asset.sha256}.json"
+    modified = written.stat().st_mtime_ns
+    assert tokenizer_file.__wrapped__(tokenizer.inner) == str(written) and written.stat().st_mtime_ns == modified
+    again = Tokenizer.from_file(str(written))
+    assert again.encode("<|im_start|>user\nZürich 東京<|im_end|>").ids == \
+        list(tokenizer.encode("<|im_start|>user\nZürich 東京<|im_end|>").ids)

@@ -282,7 +282,7 @@ class AddedVocab:
             ids = {t.content: i for i, t in decoder.items()}
             special = frozenset(t.content for t in decoder.values() if t.special) if listed is None else \
                 frozenset(listed) & ids.keys()
-            return cls(ids, special, tokenizer_file(backend))
+            return cls(ids, special, tokenizer_file(inner))
         if hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
@@ -340,14 +340,16 @@ def release_problem(engine: str, version: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=16)
-def tokenizer_file(backend: Any) -> str:
-    """A `tokenizers.Tokenizer` written once to the engine cache (by content hash), for the workers to read."""
-    import hashlib
-
-    text = backend.to_str()
-    path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+def tokenizer_file(inner: Any) -> str:
+    """A `tokenizers.Tokenizer` written once to the engine cache, for the workers to read: named by the sha256 of the
+    tokenizer.json it was loaded from where that is known (serialising one takes 0.7-2 s, which a fresh process paid
+    per model only to name the file), else by the serialised text's own."""
+    source = getattr(inner, "source_sha256", None)
+    text = None if source else inner.backend.to_str()
+    name = f"from-{source}" if source else hashlib.sha256(text.encode()).hexdigest()
+    path = fetch.cache_dir() / "tokenizers" / f"{name}.json"
     if not path.exists():
-        fetch.write_atomic(path, text.encode())
+        fetch.write_atomic(path, (text if text is not None else inner.backend.to_str()).encode())
     return str(path)
 
 
