@@ -357,7 +357,8 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
     """The release's own edits behind each response field, from the tracer: for every field whose value is not the
     model text, the last edit in the engine's files that produced exactly that value (file:line of that release): a
     string local that changed into it, else (reasoning and content, cut from the model text) the first local one
-    expression set to it; and for an empty answer sent as null the line where the local became None."""
+    expression set to it; and for an empty answer sent as null the line where the local became None. (The worker
+    sends the edits this and `field_sources` read, tracer.answer_edits: a change here may need one there.)"""
     fields = [("reasoning", result.get("reasoning")), ("content", result.get("content"))]
     fields += [(f"arguments of {c['name']}", c["arguments"]) for c in result.get("tool_calls", [])]
     edits: list[Edit] = []
