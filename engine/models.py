@@ -156,6 +156,23 @@ class LoadedModel:
         return self.spec.id
 
 
+# transformers' named special tokens (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES), in its order
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def listed_special_tokens(spec: ModelSpec) -> tuple[str, ...] | None:
+    """What transformers lists in the model's `all_special_tokens`: its tokenizer_config.json's named special tokens,
+    then its extra (additional) ones, where the manifest records those (`extra_special_tokens`, [] for none); None
+    where it does not, and the tokenizer.json's special flags stand in (the same set for the Qwen, GLM and MiniMax
+    models: tests/test_special_tokens.py). DeepSeek's tokenizer.json flags ~800-1,230 added tokens special and its
+    tokenizer_config.json names only bos and eos."""
+    extra = spec.special_tokens.get("extra_special_tokens")
+    if extra is None:
+        return None
+    named = [spec.special_tokens[k] for k in NAMED_SPECIAL_TOKENS if isinstance(spec.special_tokens.get(k), str)]
+    return tuple(dict.fromkeys([*named, *map(str, extra)]))
+
+
 def special_token_vars(spec: ModelSpec) -> dict[str, str]:
     # transformers passes bos_token/eos_token/... from the tokenizer config into every render.
     return {k: v for k, v in spec.special_tokens.items() if k.endswith("_token") and isinstance(v, str)}
@@ -190,7 +207,8 @@ def build_tokenizer(spec: ModelSpec, assets_dir: Path | None = None) -> tuple[To
     # its configuration proves that equals whole-string tokenization (engine.tokenize.SegmentCachedTokenizer).
     if kind == "tokenizer.json":
         name = f"{spec.id} tokenizer.json ({asset.sha256[:12]})"
-        return segment_cached_hf(load_hf_tokenizer(asset.data, asset.sha256), name), asset
+        return segment_cached_hf(load_hf_tokenizer(asset.data, asset.sha256), name,
+                                 all_special_tokens=listed_special_tokens(spec)), asset
     if kind == "o200k_harmony":
         from engine.tiktoken_tokenizer import load_o200k_harmony
 

@@ -61,11 +61,12 @@ class HFTokenizer:
     so the file is always loaded through `tokenizers.Tokenizer`.
     """
 
-    def __init__(self, tokenizer_json: str, name: str) -> None:
+    def __init__(self, tokenizer_json: str, name: str, source_sha256: str | None = None) -> None:
         from tokenizers import Tokenizer as _RustTokenizer
 
         self._tok = _RustTokenizer.from_str(tokenizer_json)
         self.name = name
+        self.source_sha256 = source_sha256  # of the tokenizer.json it was loaded from, where the caller checked it
         self._added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
         self._special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
         self._added_ids = frozenset(self._added.values())
@@ -109,7 +110,8 @@ def load_hf_tokenizer(tokenizer_json: bytes, sha256: str) -> HFTokenizer:
     with lock:
         loaded = _LOADED_HF.get(sha256)
         if loaded is None:
-            loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})")
+            loaded = HFTokenizer(tokenizer_json.decode("utf-8"), name=f"tokenizer.json ({sha256[:12]})",
+                                 source_sha256=sha256)
             _LOADED_HF[sha256] = loaded
     return loaded
 
@@ -347,10 +349,13 @@ class SegmentCachedTokenizer:
     distinct string is also answered once. Same Tokenizer protocol, same ids and offsets as `inner.encode`."""
 
     def __init__(self, inner: Tokenizer, plan: SegmentPlan, *, name: str | None = None, max_strings: int = 4096,
-                 max_segments: int = 16384) -> None:
+                 max_segments: int = 16384, all_special_tokens: tuple[str, ...] | None = None) -> None:
         self.inner = inner
         self.name = name or inner.name
         self.plan = plan
+        # What transformers lists in this model's all_special_tokens (models.listed_special_tokens); None: not known,
+        # the tokenizer file's special flags stand in. The engines' parsers read it (vLLM's parser engine drops them).
+        self.all_special_tokens = all_special_tokens
         self._tokens_memo = lru_cache(maxsize=max_strings)(self._tokens_uncached)
         self._ids_memo = lru_cache(maxsize=max_strings)(self._ids_uncached)
         self._segment = lru_cache(maxsize=max_segments)(inner.encode)
@@ -492,8 +497,10 @@ class SegmentCachedTokenizer:
 
 
 
-def segment_cached_hf(inner: HFTokenizer, name: str) -> SegmentCachedTokenizer:
-    return SegmentCachedTokenizer(inner, hf_segment_plan(hf_segment_config(inner.backend)), name=name)
+def segment_cached_hf(inner: HFTokenizer, name: str,
+                      all_special_tokens: tuple[str, ...] | None = None) -> SegmentCachedTokenizer:
+    return SegmentCachedTokenizer(inner, hf_segment_plan(hf_segment_config(inner.backend)), name=name,
+                                  all_special_tokens=all_special_tokens)
 
 
 def segment_cached_tiktoken(tokenizer: Any) -> SegmentCachedTokenizer:

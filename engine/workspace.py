@@ -505,7 +505,7 @@ class Workspace:
         if tokenizer_file is not None:
             tokenizer = _shared_tokenizer(tokenizer_file.sha256, lambda: HFTokenizer(
                 self.read_file(upload, "tokenizer").decode("utf-8"),
-                name=f"uploaded tokenizer.json ({tokenizer_file.sha256[:12]})"))
+                name=f"uploaded tokenizer.json ({tokenizer_file.sha256[:12]})", source_sha256=tokenizer_file.sha256))
             unavailable = None
             note("tokenizer", tokenizer_file)
         elif tiktoken_file is not None:

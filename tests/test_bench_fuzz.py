@@ -132,8 +132,11 @@ def test_bench_json_contract() -> None:
                 "matrix_causes_searched_s", "ratio_causes_searched_to_floor", "speedup_causes_searched_vs_naive"):
         assert isinstance(data[key], float) and data[key] > 0, key
     assert 0 <= data["blame_share"] < 1
-    # qwen3.5's pinned columns are the emulations: no release's worker answers, nothing is kept or read back
-    assert data["result_cache"] == {"hits": 0, "misses": 0, "rejected": 0}
+    # qwen3.5's pinned columns are the emulations, but blame's fix hint re-runs a breaking cell with sglang@0.5.12,
+    # which runs its own code: the result cache is asked (how much it answers depends on what earlier runs kept),
+    # nothing in it is rejected
+    cache = data["result_cache"]
+    assert cache["hits"] + cache["misses"] > 0 and cache["rejected"] == 0
     assert data["cells"] == 10  # 2 scenarios × vllm, sglang, raw, bridge, renderers
     assert data["naive_requests"] == data["render_calls"] and data["naive_cell_requests"] < data["naive_requests"]
     assert data["naive_ids_differ"] == 0

@@ -93,10 +93,11 @@ def test_vllm_renders_deepseek_v3_2_through_its_deepseek_v32_tokenizer_mode():
                                  "deepseek_v32), vllm/renderers/deepseek_v32.py:35-60)")
     assert cell.focus.next_prompt.source_path == "vllm/tokenizers/deepseek_v32_encoding.py"
     # The encoder writes `</think>` alone in chat mode, in the generation prompt and in history alike: what breaks
-    # is vLLM's parser coercing the arguments by schema, not the Jinja port's `<think></think>` (lines 58-65).
+    # is vLLM's parser coercing the arguments by schema, not the Jinja port's `<think></think>` (lines 58-65); the
+    # release's own parser, traced at the break, names the line that set them.
     assert (cell.focus.token_prefix.prev_len, cell.focus.token_prefix.common) == (1251, 1157)
     assert (cell.cause.kind, str(cell.cause.location)) == ("args-type-coerced",
-                                                      "vllm/parser/engine/parser_engine.py:437-462")
+                                                      "vllm/parser/engine/parser_engine.py:1191")
     assert run_cell("deepseek-v3.2", "tool-call", "vllm").status == "holds"
     raw = run_cell("deepseek-v3.2", "tool-call", "raw")
     assert (raw.status, raw.renderer) == ("breaks", "template deepseek-v3.2 (deepseek-ai-DeepSeek-V3.2.jinja: "
@@ -178,7 +179,12 @@ def test_sglang_hands_the_template_its_pydantic_dump_of_the_tools():
     assert get_engine("sglang@0.5.23").served_tools(tools) == [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "description": None},
          "defer_loading": None}]
-    assert get_engine("sglang@0.5.12").served_tools(tools) == [
+    # 0.5.12 (no emulation: its own request side) dumps the Function model's fields in their declared order
+    need("sglang@0.5.12")
+    prep = get_engine("sglang@0.5.12").prepare_templated_request(
+        [{"role": "user", "content": "hi"}], tools, kwargs={}, chat_template="{{ messages }}",
+        parsers={"tool_call_parser": "qwen25"})
+    assert prep.tools == [
         {"type": "function", "function": {"description": None, "name": "f", "parameters": {"type": "object"},
                                           "strict": False}, "defer_loading": None}]
 

@@ -17,12 +17,13 @@ CALL = ("get_weather", '{"city": "Paris"}')
 
 
 def test_an_emulated_pair_stays_emulated_and_any_other_goes_to_the_same_release() -> None:
-    need("vllm@0.33.0", "sglang@0.5.12")
-    vllm, sglang = get_engine("vllm"), get_engine("sglang@0.5.12")
+    need("vllm@0.33.0", "sglang@0.5.23")
+    vllm, sglang = get_engine("vllm"), get_engine("sglang@0.5.23")
     assert for_parsers(vllm, "qwen3", "qwen3_coder") is vllm and for_parsers(sglang, "glm45", "glm47") is sglang
-    # hermes has no emulation; qwen3_coder has one, but only checked with a reasoning parser beside it (Qwen3-Coder
-    # is served without one).
-    for engine, pair in ((vllm, (None, "hermes")), (vllm, (None, "qwen3_coder")), (sglang, ("qwen3", "qwen25"))):
+    # hermes has no emulation, nor vLLM's GLM (deleted: the release's code serves it); qwen3_coder has one, but only
+    # checked with a reasoning parser beside it (Qwen3-Coder is served without one).
+    for engine, pair in ((vllm, (None, "hermes")), (vllm, (None, "qwen3_coder")), (vllm, ("glm45", "glm47")),
+                         (sglang, ("qwen3", "qwen25"))):
         routed = for_parsers(engine, *pair)
         assert isinstance(routed, RealEngine) and routed.spec == engine.spec
     paired = get_engine("vllm@0.33.0/qwen3+hermes")
@@ -36,7 +37,7 @@ COLUMNS = [
     ("qwen2.5", "sglang", "sglang@0.5.23", ""),
     ("qwen3-2507", "sglang@0.5.12", "sglang@0.5.12", None),
     ("qwen3-coder", "sglang@0.5.12", "sglang@0.5.12", None),
-    ("deepseek-v3.1", "vllm", "vllm@0.33.0", None),  # deepseek_v31: a name the emulation has but does not emulate
+    ("deepseek-v3.1", "vllm", "vllm@0.33.0", None),  # deepseek_v31: no emulation
     ("deepseek-v3.1", "sglang", "sglang@0.5.23", ""),
 ]
 

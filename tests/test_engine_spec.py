@@ -117,14 +117,19 @@ def test_a_malformed_version_is_refused_before_any_fetch(monkeypatch: pytest.Mon
 
 
 def test_the_registry_resolves_a_spec_by_the_engines_own_names() -> None:
-    from engine.serving.registry import EMULATIONS, NEWEST, get_engine, known_engine
+    from engine.serving.registry import EMULATIONS, NEWEST, PINNED, get_engine, known_engine, list_engines
 
+    assert PINNED == tuple(list_engines()) == ("vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12")
     assert {name: cls.__name__ for name, cls in EMULATIONS.items()} == {
-        "vllm@0.33.0": "VllmEmulation", "sglang@0.5.23": "SglangEmulation", "sglang@0.5.12": "Sglang0512Emulation"}
+        "vllm@0.33.0": "VllmEmulation", "sglang@0.5.23": "SglangEmulation"}
     assert set(NEWEST) == {"vllm", "sglang"}
+    engine = get_engine(EngineSpec.parse("sglang@0.5.23"))
+    assert (engine.spec, engine.is_real_release, engine.release_spec) == (
+        "sglang@0.5.23", False, EngineSpec("sglang", "0.5.23"))
+    # a pinned release without an emulation is its own real code, pinned all the same (not `real:`)
     engine = get_engine(EngineSpec.parse("sglang@0.5.12"))
     assert (engine.spec, engine.is_real_release, engine.release_spec) == (
-        "sglang@0.5.12", False, EngineSpec("sglang", "0.5.12"))
+        "sglang@0.5.12", True, EngineSpec("sglang", "0.5.12"))
     assert known_engine("raw") == EngineSpec("raw")
     with pytest.raises(ExplorerError, match="unknown engine 'nonsense'; known: raw, bridge, renderers, sglang, vllm"):
         known_engine("nonsense")

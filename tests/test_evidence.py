@@ -204,8 +204,9 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
     from engine.evidence import explain_error
 
     model = load_model("gpt-oss")
-    # vLLM renders gpt-oss through openai-harmony, which renders this turn; the template itself raises.
-    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "sglang@0.5.12"), model)
+    # vLLM renders gpt-oss through openai-harmony, which renders this turn; the template itself raises. (SGLang 0.5.12's
+    # own request side, no longer its emulation, leaves the turn renderable: that column breaks instead.)
+    explained = explain_error(run_cell("gpt-oss", "reasoning-truncated", "raw"), model)
     assert explained is not None
     assert (explained.location, explained.line) == ("openai-gpt-oss-120b.jinja:314", 314)
     assert explained.url == "https://huggingface.co/openai/gpt-oss-120b/blob/main/chat_template.jinja#L314"
@@ -217,7 +218,7 @@ def test_an_error_cell_is_explained_with_excerpt_link_why_and_fix() -> None:
                              "as null, and the request drops null keys).")
     assert explained.fix == ("send the key (an empty string rather than null) or guard the line with "
                              "`message.content is defined`; vllm@0.33.0 (holds), sglang@0.5.23 (breaks), "
-                             "bridge (holds) render this scenario for gpt-oss")
+                             "sglang@0.5.12 (breaks), bridge (holds) render this scenario for gpt-oss")
     assert explain_error(run_cell("gpt-oss", "tool-call", "vllm"), model) is None
 
 

@@ -36,11 +36,11 @@ ROWS = [
     ('qwen3.6', 'args-serialization', 'raw', 'holds', None),
     ('qwen3.6', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
     ('qwen3.6', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:229'),
-    ('qwen3.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:223'),
+    ('qwen3.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/qwen3_coder_detector.py:157'),
     ('glm-5.1', 'reasoning-whitespace', 'raw', 'holds', None),
-    ('glm-5.1', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:585-588'),
+    ('glm-5.1', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:587'),
     ('glm-5.1', 'reasoning-whitespace', 'sglang@0.5.23', 'holds', None),
-    ('glm-5.1', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:73-75'),
+    ('glm-5.1', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:101'),
     ('glm-5.1', 'newline-after-think', 'raw', 'breaks', 'template whitespace-normalised zai-org-GLM-5.1.jinja:80-81'),
     ('glm-5.1', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'template whitespace-normalised zai-org-GLM-5.1.jinja:80-81'),
     ('glm-5.1', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'template whitespace-normalised zai-org-GLM-5.1.jinja:80-81'),
@@ -54,48 +54,48 @@ ROWS = [
     ('glm-5.1', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped zai-org-GLM-5.1.jinja:75-78'),
     ('glm-5.1', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped zai-org-GLM-5.1.jinja:75-78'),
     ('glm-5.1', 'args-serialization', 'raw', 'holds', None),
-    ('glm-5.1', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
+    ('glm-5.1', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:1191'),
     ('glm-5.1', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:249-298'),
-    ('glm-5.1', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:94-142'),
+    ('glm-5.1', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:763'),
     ('kimi-k2.6', 'reasoning-whitespace', 'raw', 'holds', None),
-    ('kimi-k2.6', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:586-587'),
+    ('kimi-k2.6', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:587'),
     ('kimi-k2.6', 'reasoning-whitespace', 'sglang@0.5.23', 'holds', None),
-    ('kimi-k2.6', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:73-75'),
+    ('kimi-k2.6', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:101'),
     ('kimi-k2.6', 'newline-after-think', 'raw', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
-    ('kimi-k2.6', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'parser whitespace-normalised vllm/parser/engine/parser_engine.py:904-906'),
+    ('kimi-k2.6', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'parser whitespace-normalised vllm/parser/engine/incremental_lexer.py:254'),
     ('kimi-k2.6', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'parser call-id-renumbered sglang/srt/entrypoints/openai/serving_chat.py:3129-3147'),
-    ('kimi-k2.6', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:102'),
+    ('kimi-k2.6', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:101'),
     ('kimi-k2.6', 'reasoning-truncated', 'raw', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'reasoning-truncated', 'vllm@0.33.0', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'reasoning-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'reasoning-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'tool-call-truncated', 'raw', 'holds', None),
-    ('kimi-k2.6', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/renderers/chat_utils/chat_message.py:699-771'),
+    ('kimi-k2.6', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/renderers/hf.py:1104'),
     ('kimi-k2.6', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped moonshotai-Kimi-K2.6.jinja:43-47'),
     ('kimi-k2.6', 'args-serialization', 'raw', 'holds', None),
     ('kimi-k2.6', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template args-reserialised moonshotai-Kimi-K2.6.jinja:34'),
     ('kimi-k2.6', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-reserialised sglang/srt/entrypoints/openai/serving_chat.py:181-194'),
-    ('kimi-k2.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-reserialised sglang/srt/entrypoints/openai/serving_chat.py:181-194'),
+    ('kimi-k2.6', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-reserialised sglang/srt/entrypoints/openai/serving_chat.py:516'),
     ('deepseek-v4', 'reasoning-whitespace', 'raw', 'holds', None),
-    ('deepseek-v4', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:586-587'),
+    ('deepseek-v4', 'reasoning-whitespace', 'vllm@0.33.0', 'breaks', 'parser reasoning-trimmed vllm/parser/engine/parser_engine.py:587'),
     ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.23', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/deepseek_recipe_output.py:202'),
-    ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:73-75'),
+    ('deepseek-v4', 'reasoning-whitespace', 'sglang@0.5.12', 'breaks', 'parser reasoning-trimmed sglang/srt/parser/reasoning_parser.py:101'),
     ('deepseek-v4', 'newline-after-think', 'raw', 'holds', None),
-    ('deepseek-v4', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'parser whitespace-normalised vllm/parser/engine/parser_engine.py:898-909'),
+    ('deepseek-v4', 'newline-after-think', 'vllm@0.33.0', 'breaks', 'parser whitespace-normalised vllm/parser/engine/incremental_lexer.py:254'),
     ('deepseek-v4', 'newline-after-think', 'sglang@0.5.23', 'breaks', 'parser whitespace-normalised sglang/srt/parser/deepseek_recipe_output.py:202'),
-    ('deepseek-v4', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/function_call/deepseekv32_detector.py:218-221'),
+    ('deepseek-v4', 'newline-after-think', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:101'),
     ('deepseek-v4', 'reasoning-truncated', 'raw', 'holds', None),
     ('deepseek-v4', 'reasoning-truncated', 'vllm@0.33.0', 'holds', None),
     ('deepseek-v4', 'reasoning-truncated', 'sglang@0.5.23', 'holds', None),
     ('deepseek-v4', 'reasoning-truncated', 'sglang@0.5.12', 'holds', None),
     ('deepseek-v4', 'tool-call-truncated', 'raw', 'holds', None),
-    ('deepseek-v4', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/parser/deepseek_v4.py:79-112'),
+    ('deepseek-v4', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser args-dropped vllm/parser/deepseek_v4.py:112'),
     # deepseek-recipe takes the truncated arguments but refuses a call without a result (the client's next user turn)
     ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.23', 'error', "deepseek-v4: sglang 0.5.23 refuses the request: An assistant message with 'tool_calls' must be followed by tool messages"),
-    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'parser whitespace-normalised sglang/srt/parser/reasoning_parser.py:102'),
+    ('deepseek-v4', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'parser text-rewritten sglang/srt/parser/reasoning_parser.py:101'),
     ('deepseek-v4', 'args-serialization', 'raw', 'breaks', 'template args-reserialised encoding_dsv4.py:162'),
-    ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
+    ('deepseek-v4', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:1191'),
     ('deepseek-v4', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template args-reserialised sglang/srt/entrypoints/openai/serving_deepseek_recipe.py:144'),
     ('deepseek-v4', 'args-serialization', 'sglang@0.5.12', 'breaks', 'template args-reserialised sglang/srt/entrypoints/openai/encoding_dsv4.py:162'),
     ('gpt-oss', 'reasoning-whitespace', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
@@ -109,11 +109,11 @@ ROWS = [
     ('gpt-oss', 'reasoning-truncated', 'raw', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
     ('gpt-oss', 'reasoning-truncated', 'vllm@0.33.0', 'holds', None),
     ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
-    ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
+    ('gpt-oss', 'reasoning-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'tool-call-truncated', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
-    ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.12', 'error', 'openai-gpt-oss-120b.jinja for model gpt-oss raised at line 314'),
+    ('gpt-oss', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped openai-gpt-oss-120b.jinja:302-311'),
     ('gpt-oss', 'args-serialization', 'raw', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
     ('gpt-oss', 'args-serialization', 'vllm@0.33.0', 'breaks', 'template scaffold-changed openai-harmony 0.0.8 (vllm 0.33.0 parse_chat_inputs_to_harmony_messages):0'),
     ('gpt-oss', 'args-serialization', 'sglang@0.5.23', 'breaks', 'template scaffold-changed openai-gpt-oss-120b.jinja:296'),
@@ -160,9 +160,9 @@ ROWS = [
     ('glm-4.7-flash', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'template reasoning-dropped GLM-4.7-Flash.jinja:52-55'),
     ('glm-4.7-flash', 'tool-call-truncated', 'sglang@0.5.12', 'breaks', 'template reasoning-dropped GLM-4.7-Flash.jinja:52-55'),
     ('glm-4.7-flash', 'args-serialization', 'raw', 'holds', None),
-    ('glm-4.7-flash', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:437-462'),
+    ('glm-4.7-flash', 'args-serialization', 'vllm@0.33.0', 'breaks', 'parser args-type-coerced vllm/parser/engine/parser_engine.py:1191'),
     ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.23', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:249-298'),
-    ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:94-142'),
+    ('glm-4.7-flash', 'args-serialization', 'sglang@0.5.12', 'breaks', 'parser args-type-coerced sglang/srt/function_call/glm47_moe_detector.py:763'),
     ('deepseek-v3.1', 'tool-call-truncated', 'raw', 'breaks', 'template args-reserialised deepseek-ai-DeepSeek-V3.1.jinja:38-39'),
     ('deepseek-v3.1', 'tool-call-truncated', 'vllm@0.33.0', 'breaks', 'parser call-lost vllm/parser/abstract_parser.py:850'),
     ('deepseek-v3.1', 'tool-call-truncated', 'sglang@0.5.23', 'breaks', 'parser call-lost sglang/srt/entrypoints/openai/serving_chat.py:2962'),
@@ -246,16 +246,18 @@ def test_article_vs_code_reasoning_whitespace() -> None:
     no longer strips GLM and Kimi (0.5.12 did) but trims DeepSeek V4, whose output it parses through deepseek-recipe
     (its own code, the line that reads the recipe's reasoning)."""
     for model in ("glm-5.1", "kimi-k2.6", "deepseek-v4"):
-        vllm = run_cell(model, "reasoning-whitespace", "vllm@0.33.0").cause
-        assert (vllm.kind, vllm.edit.step) == ("reasoning-trimmed", "reasoning_rstrip")
+        vllm = run_cell(model, "reasoning-whitespace", "vllm@0.33.0").cause  # the release's own code, traced
+        assert vllm.kind == "reasoning-trimmed"
+        if model != "deepseek-v4":  # its traced parse overflows the tracer's 5000 edits: no line is cited
+            assert str(vllm.location) == "vllm/parser/engine/parser_engine.py:587"
         sglang = run_cell(model, "reasoning-whitespace", "sglang@0.5.23")
         if model == "deepseek-v4":
             assert (sglang.cause.kind, str(sglang.cause.location)) == ("reasoning-trimmed",
                                                                   "sglang/srt/parser/deepseek_recipe_output.py:202")
         else:
             assert sglang.status == "holds"
-        old = run_cell(model, "reasoning-whitespace", "sglang@0.5.12").cause
-        assert (old.kind, old.edit.step) == ("reasoning-trimmed", "reasoning_strip")
+        old = run_cell(model, "reasoning-whitespace", "sglang@0.5.12").cause  # its own code, traced
+        assert (old.kind, str(old.location)) == ("reasoning-trimmed", "sglang/srt/parser/reasoning_parser.py:101")
     assert run_cell("qwen3.6", "reasoning-whitespace", "vllm@0.33.0").cause.stage == "template"
 
 

@@ -1,22 +1,31 @@
-"""GLM-4.5 … 5.1 parser emulations beyond the golden corpus: bad and 1 MB outputs, streaming chunk effects, parser
+"""GLM-4.5 … 5.1 parsers beyond the golden corpus: bad and 1 MB outputs, streaming chunk effects, parser
 name combinations, and the code locations their edits cite.
 
 Every expected value was produced by the real parser classes (vLLM 0.33.0, SGLang 0.5.23 and 0.5.12, driven as
 tests/conformance/oracle_runner.py drives them, with the chunks `token_chunks` builds); the 1 MB cases were checked
-at 40 characters and are built the same way here.
+at 40 characters and are built the same way here. SGLang 0.5.23 is emulated; vLLM 0.33.0 and SGLang 0.5.12 answer from
+their own code (golden_serving.parse_as_served), so only the emulation's edits are asserted.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
+from conftest import require_release
 
-from engine.serving.registry import get_engine
+from engine.serving.registry import EMULATIONS, get_engine
+
+sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+from golden_serving import parse_as_served  # noqa: E402
 
 SPECS = ["vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12"]
+# The releases whose GLM parsers are emulated; the others answer from their own code (parse_as_served).
+EMULATED = [spec for spec in SPECS if spec in EMULATIONS and get_engine(spec).emulates("glm45", "glm47")]
 SEARCH = {
     "type": "function",
     "function": {
@@ -42,15 +51,12 @@ def token_chunks(text: str) -> list[str]:
     return chunks or [""]
 
 
-def run(spec: str, text: str, stream: bool, tool_parser: str | None = "glm47", reasoning_parser: str | None = "glm45"):
-    return get_engine(spec).parse(
-        text,
-        reasoning_parser=reasoning_parser,
-        tool_parser=tool_parser,
-        tools=TOOLS,
-        stream=stream,
-        chunks=token_chunks(text) if stream else None,
-    )
+def run(spec: str, text: str, stream: bool, tool_parser: str | None = "glm47", reasoning_parser: str | None = "glm45",
+        tools: list[dict] | None = TOOLS, chunks: list[str] | None = None):
+    if spec not in EMULATED:
+        require_release(spec)
+    return parse_as_served(spec, "glm", text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                           stream=stream, chunks=(chunks or token_chunks(text)) if stream else None)
 
 
 def outcome(result) -> tuple:
@@ -99,7 +105,9 @@ EXPECTED_BAD = {
 }
 
 
-@pytest.mark.parametrize(("spec", "name", "stream"), list(EXPECTED_BAD))
+# A streamed lone surrogate cannot reach a release's worker (its chunks go as UTF-8 JSON): emulations only.
+@pytest.mark.parametrize(("spec", "name", "stream"), [
+    key for key in EXPECTED_BAD if not (key[1] == "lone_surrogate" and key[2] and key[0] not in EMULATED)])
 def test_bad_input(spec: str, name: str, stream: bool) -> None:
     result = run(spec, BAD[name], stream)
     assert result.error is None
@@ -110,7 +118,7 @@ MEGABYTE = 1_000_000
 CALL_OPEN = "R.</think><tool_call>search<arg_key>query</arg_key><arg_value>"
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", EMULATED)  # a release's real code is bounded by its worker's time limit
 @pytest.mark.parametrize("stream", [False, True])
 def test_one_megabyte_argument(spec: str, stream: bool) -> None:
     value = "y" * MEGABYTE
@@ -122,7 +130,7 @@ def test_one_megabyte_argument(spec: str, stream: bool) -> None:
     assert outcome(result) == ("R.", content, [("search", json.dumps({"query": value}))])
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", EMULATED)  # a release's real code is bounded by its worker's time limit
 def test_one_megabyte_argument_cut_off_while_streaming(spec: str) -> None:
     value = "y" * MEGABYTE
     started = time.monotonic()
@@ -132,7 +140,7 @@ def test_one_megabyte_argument_cut_off_while_streaming(spec: str) -> None:
     assert outcome(result) == ("R.", None, [("search", '{"query": "' + value)])
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", EMULATED)  # a release's real code is bounded by its worker's time limit
 def test_one_megabyte_argument_cut_off(spec: str) -> None:
     value = "y" * MEGABYTE
     result = run(spec, CALL_OPEN + value, False)
@@ -144,30 +152,24 @@ def test_one_megabyte_argument_cut_off(spec: str) -> None:
         assert outcome(result) == ("R.", CALL_OPEN[len("R.</think>") :] + value, [])
 
 
-def test_vllm_whitespace_delta_after_a_call_is_dropped() -> None:
-    """Streamed content depends on token boundaries: a whitespace-only delta while no other content was seen and a
-    call exists is dropped (parser_engine.py:898-909)."""
+def test_vllm_streams_a_call_written_inside_reasoning() -> None:
+    """The call before </think> is parsed, the text around it is content. (The deleted emulation also showed a
+    whitespace-only delta being dropped (parser_engine.py:898-909) for two deltas of many tokens each, as the real
+    parser classes did under the old oracle glue; the release's serving code, which turns each delta into token ids,
+    returns that text as reasoning instead, so it is not asserted.)"""
     text = (
         "Maybe call <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call> hmm\n"
         "</think>Ok."
     )
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    engine = get_engine("vllm@0.33.0")
-    one_delta = engine.parse(
-        text, reasoning_parser="glm45", tool_parser="glm47", tools=tools, stream=True, chunks=token_chunks(text)
-    )
-    cut = text.index(" hmm") + 1
-    split_space = engine.parse(
-        text, reasoning_parser="glm45", tool_parser="glm47", tools=tools, stream=True, chunks=[text[:cut], text[cut:]]
-    )
-    call = [("get_weather", '{"city": "Paris"}')]
-    assert outcome(one_delta) == ("Maybe call", " hmm\nOk.", call)
-    assert outcome(split_space) == ("Maybe call", "hmm\nOk.", call)
+    one_delta = run("vllm@0.33.0", text, True, tools=tools)
+    assert outcome(one_delta) == ("Maybe call", " hmm\nOk.", [("get_weather", '{"city": "Paris"}')])
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", EMULATED)
 def test_chunks_that_split_special_tokens(spec: str) -> None:
-    """A special token is one token: chunks cutting through one give the token-level result."""
+    """A special token is one token: chunks cutting through one give the token-level result (the emulation moves a
+    cut to the token's end, EngineEmulation.parse)."""
     text = (
         "Let me check.\n</think>\n\nOn it.\n\n"
         "<tool_call>search<arg_key>query</arg_key><arg_value>Paris</arg_value></tool_call>"
@@ -190,16 +192,14 @@ REASONING_ONLY_TEXT = "R.</think>Hi<tool_call>search<arg_key>query</arg_key><arg
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_vllm_parser_name_combinations(stream: bool) -> None:
-    engine = get_engine("vllm@0.33.0")
     reasoning_only = run("vllm@0.33.0", REASONING_ONLY_TEXT, stream, tool_parser=None)
     assert outcome(reasoning_only) == ("R.", REASONING_ONLY_TEXT[len("R.</think>") :], [])
     tools_only = run("vllm@0.33.0", REASONING_ONLY_TEXT, stream, reasoning_parser=None)
     # without a reasoning parser the engine passes reasoning markup through as text (abstract_parser.py:156-166)
     assert outcome(tools_only) == (None, "R.</think>Hi", [("search", '{"query": "x"}')])
-    without_tools = engine.parse(REASONING_ONLY_TEXT, reasoning_parser="glm45", tool_parser="glm47", stream=stream)
+    without_tools = run("vllm@0.33.0", REASONING_ONLY_TEXT, stream, tools=None)
     # no tools declared: the tool pass still removes the markup, and the calls are dropped
     assert outcome(without_tools) == ("R.", "Hi", [])
-    assert any(e.step == "drop_calls_without_tools" for e in without_tools.edits)
 
 
 @pytest.mark.parametrize("spec", ["sglang@0.5.23", "sglang@0.5.12"])
@@ -219,26 +219,13 @@ def locations(result) -> set[tuple[str, str, int, int | None]]:
     return {(e.step, e.location.path, e.location.line, e.location.end_line) for e in result.edits}
 
 
-def test_vllm_edits_cite_engine_lines() -> None:
+def test_vllm_strips_reasoning_and_answer() -> None:
     text = (
         "Think.  \n</think>\n\nOn it.\n\n<tool_call>search<arg_key>query</arg_key><arg_value>x</arg_value></tool_call>"
     )
-    whole = run("vllm@0.33.0", text, False)
-    assert outcome(whole) == ("Think.", "On it.", [("search", '{"query": "x"}')])
-    engine_path = "vllm/parser/engine/parser_engine.py"
-    assert {
-        ("reasoning_rstrip", engine_path, 585, 588),
-        ("content_strip", engine_path, 488, 498),
-        ("args_raw_values_dumped", "vllm/parser/glm47_moe.py", 67, 90),
-    } <= locations(whole)
-    rstrip = next(e for e in whole.edits if e.step == "reasoning_rstrip")
-    assert (rstrip.before, rstrip.after, rstrip.location.origin) == ("Think.  \n", "Think.", "vllm 0.33.0")
-    streamed = run("vllm@0.33.0", text, True)
-    assert outcome(streamed) == ("Think.", "\n\nOn it.\n\n", [("search", '{"query": "x"}')])
-    assert ("reasoning_rstrip", engine_path, 533, 561) in locations(streamed)
-    stop = run("vllm@0.33.0", "R.</think>Hi<|observation|>", False)
-    assert outcome(stop) == ("R.", "Hi", [])
-    assert ("drop_special_token", "vllm/parser/engine/streaming_parser_engine.py", 415, 417) in locations(stop)
+    assert outcome(run("vllm@0.33.0", text, False)) == ("Think.", "On it.", [("search", '{"query": "x"}')])
+    assert outcome(run("vllm@0.33.0", text, True)) == ("Think.", "\n\nOn it.\n\n", [("search", '{"query": "x"}')])
+    assert outcome(run("vllm@0.33.0", "R.</think>Hi<|observation|>", False)) == ("R.", "Hi", [])
 
 
 def test_sglang_edits_cite_version_lines() -> None:
@@ -250,10 +237,6 @@ def test_sglang_edits_cite_version_lines() -> None:
     assert ("content_outside_calls", "sglang/srt/function_call/glm47_moe_detector.py", 368, 384) in locations(new)
     old = run("sglang@0.5.12", text, False)
     assert outcome(old) == ("Simple.\n", "The answer.", [("search", '{"query": "x"}')])
-    assert {
-        ("content_strip", "sglang/srt/parser/reasoning_parser.py", 102, 102),
-        ("content_outside_calls", "sglang/srt/function_call/glm47_moe_detector.py", 203, 219),
-    } <= locations(old)
     # the GLM-4.5 detector needs a newline after the name: GLM-4.7 output is not a call for it
     legacy = run("sglang@0.5.23", text, False, tool_parser="glm45")
     assert outcome(legacy) == ("Simple.\n", "The answer.", [])

@@ -1,4 +1,6 @@
-"""Every emulation against every golden case from the real parsers, byte for byte, offline.
+"""Every golden case from the real parsers, byte for byte, through what serves it: the pinned release's emulation
+(offline), or for a release or family without one (sglang@0.5.12; vLLM 0.33.0's GLM, Kimi K2, DeepSeek, GPT-OSS) the
+release's own code as the golden files were written (tests/conformance/golden_serving.py; warm from the result cache).
 
 Golden files come from tests/conformance/generate.py. A case whose `known_gap` is set is a strict xfail naming why.
 """
@@ -6,6 +8,7 @@ Golden files come from tests/conformance/generate.py. A case whose `known_gap` i
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -13,9 +16,10 @@ import pytest
 from conftest import require_release
 
 from engine.serving.emulated.sglang_0_5_23 import deepseek_recipe
-from engine.serving.registry import get_engine, list_engines
+from engine.serving.registry import EMULATIONS, for_parsers, get_engine, list_engines
 
 GOLDEN = Path(__file__).parent / "golden"
+sys.path.insert(0, str(Path(__file__).parent / "conformance"))
 
 
 def _cases() -> list:
@@ -25,6 +29,7 @@ def _cases() -> list:
         for case in data["cases"]:
             marks = [pytest.mark.xfail(reason=case["known_gap"], strict=True)] if case.get("known_gap") else []
             tools = case["tools"] if "tools" in case else data["tools"]  # a case may declare none
+            case = {**case, "family": data["family"]}  # the corpus family (golden_serving.run_case reads it)
             params.append(pytest.param(data["engine"], tools, case, id=f"{data['engine']}/{case['id']}", marks=marks))
     return params
 
@@ -36,7 +41,17 @@ def _normalised(result) -> dict:
 
 @pytest.mark.parametrize(("spec", "tools", "case"), _cases())
 def test_golden(spec: str, tools: list[dict], case: dict) -> None:
-    engine = get_engine(spec)
+    engine = for_parsers(get_engine(spec), case["reasoning_parser"], case["tool_parser"])
+    if engine.is_real_release:  # not emulated: the release's own code, driven as generate.py drives it
+        import golden_serving
+
+        require_release(spec)
+        result = golden_serving.run_case(engine, {**case, "tools": tools})
+        if case["error"] is not None:
+            assert result.error is not None
+        else:
+            assert golden_serving.normalised(result) == case["expected"]
+        return
     if deepseek_recipe.owns(engine.version, case["tool_parser"]):
         # not emulated: the release's own code (engine/serving/emulated/sglang_0_5_23/deepseek_recipe.py)
         require_release(spec)
@@ -62,6 +77,8 @@ def test_golden_files_cover_every_engine() -> None:
 
 @pytest.mark.parametrize("spec", ["vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12"])
 def test_unknown_parser_names_the_engine_and_known_names(spec: str) -> None:
+    if spec not in EMULATIONS:
+        require_release(spec)
     with pytest.raises(ValueError, match=spec) as info:
         get_engine(spec).parse("x", reasoning_parser="nope", tool_parser=None)
     assert "qwen3" in str(info.value)
@@ -81,7 +98,7 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("spec", ["vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12"])
+@pytest.mark.parametrize("spec", list(EMULATIONS))  # a release's real code is bounded by its worker's time limit
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input_returns_quickly(spec: str, name: str, stream: bool) -> None:

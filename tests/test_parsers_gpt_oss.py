@@ -1,19 +1,26 @@
-"""GPT-OSS harmony emulations (vLLM 0.33.0, SGLang 0.5.23 / 0.5.12) beyond the golden files: the cases those files
-cannot check, bad input, and where the recorded edits point. Real GPT-OSS encoding (openai-harmony) throughout."""
+"""GPT-OSS harmony parsing (vLLM 0.33.0, SGLang 0.5.23 / 0.5.12) beyond the golden files: the cases those files
+cannot check, bad input, and where the recorded edits point. Real GPT-OSS encoding (openai-harmony) throughout.
+SGLang 0.5.23 is emulated; vLLM 0.33.0 and SGLang 0.5.12 answer from their own code (golden_serving.parse_as_served),
+so only the emulation's edits are asserted."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_release
 
 from engine.render.harmony import load_harmony_encoding
 from engine.serving.base import EditLog
 from engine.serving.emulated.sglang_0_5_23.gpt_oss import keep_markers_whole
-from engine.serving.registry import get_engine
+from engine.serving.registry import EMULATIONS, get_engine
 from engine.types import ParseResult
+
+sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+from golden_serving import parse_as_served  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 PARSERS = {
@@ -21,6 +28,8 @@ PARSERS = {
     "sglang@0.5.23": ("gpt-oss", "gpt-oss"),
     "sglang@0.5.12": ("gpt-oss", "gpt-oss"),
 }
+# The releases whose GPT-OSS parsers are emulated; the others answer from their own code.
+EMULATED = [spec for spec, pair in PARSERS.items() if spec in EMULATIONS and get_engine(spec).emulates(*pair)]
 CALL_OPEN = '<|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query":"'
 
 
@@ -37,9 +46,12 @@ def token_chunks(text: str) -> list[str]:
 
 def run(spec: str, text: str, tools: list[dict], stream: bool = False, chunks: list[str] | None = None) -> ParseResult:
     reasoning_parser, tool_parser = PARSERS[spec]
-    return get_engine(spec).parse(
-        text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools, stream=stream, chunks=chunks
-    )
+    if spec not in EMULATED:
+        require_release(spec)
+        if stream and chunks is None:  # a release's code gets the deltas its detokenizer sends: one token each
+            chunks = token_chunks(text)
+    return parse_as_served(spec, "gpt_oss", text, reasoning_parser=reasoning_parser, tool_parser=tool_parser,
+                           tools=tools, stream=stream, chunks=chunks)
 
 
 def outcome(result: ParseResult) -> tuple:
@@ -48,13 +60,7 @@ def outcome(result: ParseResult) -> tuple:
 
 @pytest.mark.parametrize(
     ("spec", "case_name"),
-    [
-        ("vllm@0.33.0", "non_ascii/st"),
-        ("sglang@0.5.23", "non_ascii/st"),
-        ("sglang@0.5.23", "garbage/st"),
-        ("sglang@0.5.12", "non_ascii/st"),
-        ("sglang@0.5.12", "garbage/st"),
-    ],
+    [("sglang@0.5.23", "non_ascii/st"), ("sglang@0.5.23", "garbage/st")],  # real code: tests/test_parsers_golden.py
 )
 def test_golden_stream_whose_chunks_hold_replacement_characters(spec: str, case_name: str) -> None:
     # A token that ends inside a UTF-8 sequence streams as U+FFFD, so these chunks do not rejoin to the text and
@@ -78,10 +84,6 @@ def test_vllm_unfinished_message_comes_back_decoded_by_the_real_tokenizer(stream
     text = cases["truncated_after_call_open/ns"]["text"]
     result = run("vllm@0.33.0", text, tools, stream=stream)
     assert outcome(result) == ("Let me check the weather.\n", "<|start|>ass", [], None)
-    recovery = [e for e in result.edits if e.step == "eos_unfinished_as_content"]
-    assert [(e.after, e.location.path, e.location.line, e.location.end_line) for e in recovery] == [
-        ("<|start|>ass", "vllm/parser/harmony.py", 141, 159)
-    ]
 
 
 def test_vllm_plain_text_is_returned_as_content() -> None:
@@ -90,14 +92,11 @@ def test_vllm_plain_text_is_returned_as_content() -> None:
     assert outcome(result) == (None, "I am still thinking about the ans", [], None)
 
 
-def test_vllm_arguments_redumped_with_ascii_escapes_and_edit_points_at_harmony_py() -> None:
+def test_vllm_arguments_redumped_with_ascii_escapes() -> None:
     tools, cases = golden("vllm@0.33.0")
     result = run("vllm@0.33.0", cases["non_ascii/ns"]["text"], tools)
     arguments = '{"city": "Z\\u00fcrich \\u6771\\u4eac \\ud83c\\udf27"}'
     assert outcome(result) == ("Unicode.\n", None, [("chatcmpl-tool-<uuid>", "get_weather", arguments)], None)
-    assert [(e.step, e.before, e.after, str(e.location)) for e in result.edits] == [
-        ("args_json_redump", '{"city":"Zürich 東京 🌧"}', arguments, "vllm/parser/harmony.py:219-225")
-    ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -105,10 +104,6 @@ def test_vllm_without_tools_drops_calls(stream: bool) -> None:
     _, cases = golden("vllm@0.33.0")
     result = run("vllm@0.33.0", cases["call_no_content/ns"]["text"], [], stream=stream)
     assert outcome(result) == ("R.\n", None, [], None)
-    path = "stream_processor.py" if stream else "message_assembly.py"
-    assert [(e.step, e.location.path) for e in result.edits] == [
-        ("calls_dropped", f"vllm/entrypoints/openai/chat_completion/{path}")
-    ]
 
 
 def test_sglang_streaming_repeats_text_that_arrived_before_the_call() -> None:
@@ -176,9 +171,11 @@ SGLANG_BAD = {  # (reasoning, non-streaming content, streaming content); no call
 }
 
 
-@pytest.mark.parametrize("spec", list(PARSERS))
-@pytest.mark.parametrize("name", list(BAD_INPUTS))
-@pytest.mark.parametrize("stream", [False, True])
+# A release's real code is bounded by its worker's time limit (no 1 MB output), and a streamed lone surrogate cannot
+# reach its worker (the chunks go as UTF-8 JSON): those two run on the emulations only.
+@pytest.mark.parametrize(("spec", "name", "stream"), [
+    (spec, name, stream) for spec in PARSERS for name in BAD_INPUTS for stream in (False, True)
+    if spec in EMULATED or not (name == "huge" or (name == "lone_surrogate" and stream))])
 def test_bad_input(spec: str, name: str, stream: bool) -> None:
     tools, _ = golden(spec)
     started = time.monotonic()

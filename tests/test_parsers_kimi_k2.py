@@ -1,23 +1,28 @@
-"""Kimi K2.x emulations beyond the golden corpus: bad input, a 1 MB output, edit provenance, ids, chunk effects.
+"""Kimi K2.x beyond the golden corpus: bad input, a 1 MB output, edit provenance, ids, chunk effects.
 
 Every expected value here was produced by the real vLLM 0.33.0 / SGLang 0.5.23 / 0.5.12 parser classes, driven the
 way tests/conformance/oracle_runner.py drives them (the chunks special-token-alone, other text in 4-character pieces),
-except where a test says it follows the real serving code instead of that glue.
+except where a test says it follows the real serving code instead of that glue. SGLang 0.5.23 is emulated; vLLM 0.33.0
+and SGLang 0.5.12 answer from their own code (golden_serving.parse_as_served), so their edits are not asserted here.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_release
 
-from engine.serving.base import EditLog
-from engine.serving.registry import get_engine
+from engine.serving.registry import EMULATIONS, get_engine
 
 GOLDEN = Path(__file__).parent / "golden"
+sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+from golden_serving import parse_as_served  # noqa: E402
+
 TOOLS = json.loads((GOLDEN / "vllm@0.33.0" / "kimi_k2.json").read_text(encoding="utf-8"))["tools"]
 SPECIALS = (
     "<think>",
@@ -32,6 +37,7 @@ SPECIALS = (
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 ENGINES = ("vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12")
+EMULATED = tuple(spec for spec in ENGINES if spec in EMULATIONS and get_engine(spec).emulates("kimi_k2", "kimi_k2"))
 
 
 def oracle_chunks(text: str) -> list[str]:
@@ -45,15 +51,12 @@ def oracle_chunks(text: str) -> list[str]:
     return chunks or [""]
 
 
-def run(spec: str, text: str, stream: bool, chunks: list[str] | None = None):
-    return get_engine(spec).parse(
-        text,
-        reasoning_parser="kimi_k2",
-        tool_parser="kimi_k2",
-        tools=TOOLS,
-        stream=stream,
-        chunks=(chunks or oracle_chunks(text)) if stream else None,
-    )
+def run(spec: str, text: str, stream: bool, chunks: list[str] | None = None, **request: object):
+    if spec not in EMULATED:
+        require_release(spec)
+    return parse_as_served(spec, "kimi_k2", text, reasoning_parser="kimi_k2", tool_parser="kimi_k2", tools=TOOLS,
+                           stream=stream, chunks=(chunks or oracle_chunks(text)) if stream else None,
+                           **request)  # type: ignore[arg-type]
 
 
 def outcome(result) -> tuple:
@@ -104,25 +107,23 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("spec", ENGINES)
-@pytest.mark.parametrize("name", list(BAD_INPUTS))
-@pytest.mark.parametrize("stream", [False, True])
+# A streamed lone surrogate cannot reach a release's worker (its chunks go as UTF-8 JSON): emulations only.
+@pytest.mark.parametrize(("spec", "name", "stream"), [
+    (spec, name, stream) for spec in ENGINES for name in BAD_INPUTS for stream in (False, True)
+    if not (name == "lone_surrogate" and stream and spec not in EMULATED)])
 def test_bad_input_exact(spec: str, name: str, stream: bool) -> None:
     text, expected = BAD_INPUTS[name]
     assert outcome(run(spec, text, stream)) == expected[spec][int(stream)]
 
 
 def test_one_megabyte_call_is_parsed_whole_and_bounded() -> None:
+    """The emulation (a release's real code is bounded by its worker's time limit, tests/test_hostile_workers.py)."""
     value = "x" * 1_000_000
     arguments = '{"query":"' + value + '"}'
     text = "</think>" + SECTION + CALL + "functions.search:0" + ARGS + arguments + CALL_END + SECTION_END
     call = [("functions.search:0", "search", '{"query":"' + value + '"}')]
-    expected = {
-        "vllm@0.33.0": ((None, None, call, None),) * 2,
-        "sglang@0.5.23": ((None, "", call, None), (None, None, call, None)),
-        "sglang@0.5.12": ((None, None, call, None),) * 2,
-    }
-    for spec in ENGINES:
+    expected = {"sglang@0.5.23": ((None, "", call, None), (None, None, call, None))}
+    for spec in expected:
         for stream in (False, True):
             started = time.monotonic()
             # default chunks: 4-character pieces that also cut the special tokens, which the emulation re-joins
@@ -137,24 +138,10 @@ def edit(result, step: str):
     return next(e for e in result.edits if e.step == step)
 
 
-def test_vllm_edits_name_the_engine_lines() -> None:
-    text = "R.\n</think>" + SECTION + CALL + "functions.set_config:0" + ARGS + '{ "flag" : true , "ratio" : 1.0 }'
-    result = run("vllm@0.33.0", text + CALL_END + SECTION_END, stream=False)
-    coerce = edit(result, "args_schema_coerce")
-    assert (coerce.before, coerce.after) == ('{ "flag" : true , "ratio" : 1.0 }', '{"flag": true, "ratio": 1}')
-    assert str(coerce.location) == "vllm/parser/engine/parser_engine.py:437-462"
-    assert coerce.location.origin == "vllm 0.33.0"
-    rstrip = edit(result, "reasoning_rstrip")
-    assert (rstrip.before, rstrip.after) == ("R.\n", "R.")
-    assert str(rstrip.location) == "vllm/parser/engine/parser_engine.py:586-587"
-
-
 def test_vllm_streaming_records_the_suppressed_text_after_the_section() -> None:
     text = "R.</think>Hi." + SECTION + CALL + "functions.search:0" + ARGS + '{"query":"q"}' + CALL_END + SECTION_END
     result = run("vllm@0.33.0", text + "\nbye", stream=True)
     assert outcome(result) == ("R.", "Hi.", [("functions.search:0", "search", '{"query":"q"}')], None)
-    dropped = edit(result, "drop_tool_section_text")
-    assert (dropped.before, dropped.after, str(dropped.location)) == ("\nbye", "", "vllm/parser/kimi_k2.py:131-140")
 
 
 def test_sglang_edits_name_each_versions_lines() -> None:
@@ -166,17 +153,10 @@ def test_sglang_edits_name_each_versions_lines() -> None:
     assert (trim.before, trim.after) == (' {"query":"q"} ', '{"query":"q"}')
     old = run("sglang@0.5.12", text + SECTION_END + "bye", stream=False)
     assert outcome(old) == ("R. \n", "Hi.", [("functions.search:0", "search", '{"query":"q"}')], None)
-    strip = edit(old, "reasoning_strip")
-    assert str(strip.location) == "sglang/srt/parser/reasoning_parser.py:73-75"
-    assert str(edit(old, "args_ws_trim").location) == "sglang/srt/function_call/kimik2_detector.py:65-68"
 
 
-def parse_with(spec: str, text: str, stream: bool, **attributes: object) -> tuple:
-    parser = get_engine(spec).family_parser("kimi_k2", "kimi_k2")
-    for key, value in attributes.items():
-        setattr(parser, key, value)
-    turn = parser.parse(text, TOOLS, stream, oracle_chunks(text), EditLog(spec))
-    return turn.reasoning, turn.content, [(c.id, c.name, c.arguments) for c in turn.calls], turn.error
+def parse_with(spec: str, text: str, stream: bool, **request: object) -> tuple:
+    return outcome(run(spec, text, stream, **request))
 
 
 def test_call_ids_model_header_versus_serving_layer() -> None:
@@ -227,16 +207,13 @@ def test_vllm_thinking_off_drops_think_tags_as_unknown_special_tokens() -> None:
         )
 
 
-@pytest.mark.parametrize("spec", ENGINES)
+@pytest.mark.parametrize("spec", EMULATED)  # the emulation's default chunking (EngineEmulation.parse)
 def test_default_chunks_never_split_a_special_token(spec: str) -> None:
-    """Without chunks the engine streams 4-character pieces; the emulation re-joins any piece that would cut a special
-    token (one token id never spans two deltas). The calls come out as in the golden stream; 0.5.12 also shows why
-    chunking matters: the "\n\n" now shares a delta with the section marker, and that version swallows it."""
+    """Without chunks the engine streams 4-character pieces; a piece that would cut a special token is re-joined (one
+    token id never spans two deltas). The calls come out as in the golden stream."""
     data = json.loads((GOLDEN / spec / "kimi_k2.json").read_text(encoding="utf-8"))
     case = next(c for c in data["cases"] if c["id"].endswith("/parallel_calls/st"))
-    result = get_engine(spec).parse(
-        case["text"], reasoning_parser="kimi_k2", tool_parser="kimi_k2", tools=TOOLS, stream=True
-    )
+    result = get_engine(spec).parse(case["text"], reasoning_parser="kimi_k2", tool_parser="kimi_k2", tools=TOOLS,
+                                    stream=True)
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.tool_calls]
-    expected = dict(case["expected"], content=None) if spec == "sglang@0.5.12" else case["expected"]
-    assert {"reasoning": result.reasoning, "content": result.content, "tool_calls": calls} == expected
+    assert {"reasoning": result.reasoning, "content": result.content, "tool_calls": calls} == case["expected"]

@@ -1,7 +1,9 @@
 """The engines by their own names: "engine@version" (e.g. "vllm@0.33.0") to the class that serves it, as SGLang's
 `FunctionCallParser.ToolCallParserEnum` maps a CLI name to its class; a bare engine name means its newest version.
 
-The pinned releases are emulations (engine/serving/emulated: vllm_0_33_0, sglang_0_5_23, sglang_0_5_12). Every
+The releases the project pins (PINNED: what `list_engines`, `engine_versions` and blame's fix hints iterate) are not
+the same list as the emulated ones (EMULATIONS: engine/serving/emulated, vllm_0_33_0 and sglang_0_5_23): a pinned
+release without an emulation (sglang@0.5.12), or a family its emulation lacks, runs that release's own code. Every
 other release on PyPI (vLLM from 0.10.0, SGLang from 0.5.1) resolves to the real-engine backend
 (engine/serving/real): that release's own code in a sandboxed worker; `real:vllm@0.33.0` asks for it for a pinned one.
 A parser pair other than the model's own is named after the release by the engine's CLI names:
@@ -19,7 +21,6 @@ from typing import Any
 
 from engine.errors import ExplorerError, UnknownEngineKind
 from engine.serving.base import EngineEmulation
-from engine.serving.emulated.sglang_0_5_12 import Sglang0512Emulation
 from engine.serving.emulated.sglang_0_5_23 import SglangEmulation
 from engine.serving.emulated.vllm_0_33_0 import VllmEmulation
 from engine.serving.real import fetch
@@ -27,26 +28,27 @@ from engine.serving.real.backend import RealEngine, release_problem, spawn_worke
 from engine.serving.spec import EngineSpec
 from engine.types import ParseResult
 
-# The pinned releases, by the name the engine gives them, to their emulation.
+# The releases the project pins (golden files, default columns, fix hints), newest of each engine first.
+PINNED = ("vllm@0.33.0", "sglang@0.5.23", "sglang@0.5.12")
+# The pinned releases that have an emulation, by the name the engine gives them; the others run their real code.
 EMULATIONS: dict[str, type[EngineEmulation]] = {
     "vllm@0.33.0": VllmEmulation,
     "sglang@0.5.23": SglangEmulation,
-    "sglang@0.5.12": Sglang0512Emulation,
 }
 # What a bare engine name means.
 NEWEST = {"vllm": "vllm@0.33.0", "sglang": "sglang@0.5.23"}
 
 
 def list_engines() -> list[str]:
-    return list(EMULATIONS)
+    return list(PINNED)
 
 
 @functools.lru_cache(maxsize=4)
 def engine_versions(name: str) -> tuple[str, ...]:
-    """The versions a user can pick for `name`: the pinned (emulated) ones first, newest first, then every other
+    """The versions a user can pick for `name`: the pinned ones first, newest first, then every other
     release on PyPI, newest first, from the cached release index (PyPI is asked, for 5 s at most, only when there is
     none; without network the pinned ones are all). Answered once per process."""
-    releases = [EngineSpec.parse(release) for release in EMULATIONS]
+    releases = [EngineSpec.parse(release) for release in PINNED]
     pinned = sorted((r.version for r in releases if r.kind == name and r.version), key=fetch.Version, reverse=True)
     try:
         listed = fetch.list_releases(name, offline=True) or fetch.list_releases(name, timeout_s=5)
@@ -116,7 +118,7 @@ def parse_engine(text: str) -> EngineSpec:
 
 
 def _unknown_engine(shown: str) -> str:
-    return (f"unknown engine {shown}; known: {', '.join([*EMULATIONS, *NEWEST])}, or any vllm@X / sglang@X release on "
+    return (f"unknown engine {shown}; known: {', '.join([*PINNED, *NEWEST])}, or any vllm@X / sglang@X release on "
             "PyPI (vLLM from 0.10.0, SGLang from 0.5.1)")
 
 
@@ -148,22 +150,24 @@ class Serving:
 
     engine: EngineEmulation
     parsers: dict[str, str]
-    pinned: bool  # the column asked for is a pinned emulation (where its release's real code runs, it stands in)
+    pinned: bool  # the column asked for is a pinned release, not its `real:` code (real code standing in is traced)
 
 
 def serving_engine(spec: EngineSpec | str, engine_parsers: dict[str, dict[str, str]]) -> Serving:
     """What serves a model on the engine `spec` names: its parser pair (the one `spec` names, else the model's
     manifest's for that engine) and the engine that runs the pair (for_parsers). ValueError for an unknown engine."""
+    if isinstance(spec, str):
+        spec = parse_engine(spec)
     asked = get_engine(spec)
     parsers = asked.parser_override or engine_parsers.get(asked.name, {})
     engine = for_parsers(asked, parsers.get("reasoning_parser"), parsers.get("tool_call_parser"))
-    return Serving(engine, parsers, not asked.is_real_release)
+    return Serving(engine, parsers, not spec.real_code and asked.spec in PINNED)
 
 
 def parse_served(engine: EngineEmulation, text: str, request: dict[str, Any],
                  real_options: dict[str, Any] | None = None) -> tuple[EngineEmulation, ParseResult]:
     """`engine.parse(text, **request)`, and the engine that parsed: a pinned emulation that has the names but does
-    not emulate the pair (NotImplementedError: DeepSeek V3.1's deepseek_v31) hands it to its release's real code,
+    not emulate the pair (NotImplementedError: SGLang 0.5.23's deepseekv31) hands it to its release's real code,
     which then serves the rest of the conversation. `real_options` go to the real backend only (force_reasoning,
     trace)."""
     def parse(serving: EngineEmulation) -> ParseResult:
@@ -203,13 +207,13 @@ def known_engine(text: object) -> EngineSpec:
     except UnknownEngineKind:
         shown = repr(text)[:60] if isinstance(text, str) else f"of type {type(text).__name__}"
         raise ExplorerError(f"unknown engine {shown}; known: raw, bridge, renderers, {', '.join(sorted(NEWEST))} or "
-                            f"one of their versions ({', '.join(EMULATIONS)}), or any vllm@X / sglang@X release on "
+                            f"one of their versions ({', '.join(PINNED)}), or any vllm@X / sglang@X release on "
                             "PyPI") from None
     problem = proxy_problem(spec)  # before the release: a name is data, a release may be a question to PyPI
     if problem is not None:
         raise ExplorerError(problem)
     if spec.is_serving_engine and (spec.parsers or spec.real_code or spec.flags or
-                                   spec.release not in EMULATIONS | NEWEST):
+                                   spec.release not in {*PINNED, *NEWEST}):
         # A release (vllm@0.31.0, real:vllm@0.33.0) or a parser pair (vllm/qwen3+hermes): get_engine says if it is one.
         try:
             get_engine(spec)

@@ -4,12 +4,15 @@ golden files from it) and benchmarks/real_engines.py (which checks every release
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
 import corpus
 
 from engine.serving.real.backend import AddedVocab, RealEngine
+from engine.serving.registry import for_parsers, get_engine
+from engine.types import ToolCall
 
 _RANDOM_ID = re.compile(r"^(chatcmpl-tool-|call_)[0-9a-f]{16,32}$")
 
@@ -63,3 +66,23 @@ def _model_vocab(family: str) -> AddedVocab:
     if family not in FAMILY_MODELS:
         return AddedVocab({}, frozenset())
     return AddedVocab.from_tokenizer(load_model(FAMILY_MODELS[family]).tokenizer) or AddedVocab({}, frozenset())
+
+
+def parse_as_served(spec: str, family: str, text: str, *, reasoning_parser: str | None, tool_parser: str | None,
+                    tools: list[dict] | None, stream: bool, chunks: list[str] | None = None,
+                    chat_template_kwargs: dict | None = None, history_tool_calls: int = 0):
+    """What a client of `spec` gets for `text` (a model of corpus `family`): the pinned release's emulation where it
+    has the pair, else the release's own code driven as the golden files are written (run_case), random ids
+    normalised as those files record them. A test that calls it for real code must require_release(spec) first."""
+    engine = for_parsers(get_engine(spec), reasoning_parser, tool_parser)
+    if not engine.is_real_release:
+        return engine.parse(text, reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+                            stream=stream, chunks=chunks, chat_template_kwargs=chat_template_kwargs,
+                            history_tool_calls=history_tool_calls)
+    result = run_case(engine, {"family": family, "text": text, "reasoning_parser": reasoning_parser,
+                               "tool_parser": tool_parser, "tools": tools, "chunks": chunks,
+                               "chat_template_kwargs": chat_template_kwargs,
+                               "history_tool_calls": history_tool_calls, "mode": "st" if stream else "ns"})
+    calls = tuple(ToolCall(_RANDOM_ID.sub(r"\1<uuid>", c.id) if c.id is not None else None, c.name, c.arguments)
+                  for c in result.tool_calls)
+    return dataclasses.replace(result, tool_calls=calls)

@@ -236,8 +236,9 @@ def stop_workers() -> None:
 atexit.register(stop_workers)
 
 
-# id(tokenizer backend) -> (that backend, its vocabulary); the backend is held so that its id is not reused
-_VOCABS: dict[int, tuple[Any, AddedVocab | None]] = {}
+# (id(tokenizer backend), the special tokens listed) -> (that backend, its vocabulary); the backend is held so that
+# its id is not reused
+_VOCABS: dict[tuple[int, tuple[str, ...] | None], tuple[Any, AddedVocab | None]] = {}
 MAX_VOCABS = 64
 
 
@@ -253,29 +254,35 @@ class AddedVocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> AddedVocab | None:
-        """From one of the explorer's real tokenizers (tokenizers' added tokens, or tiktoken's special tokens)."""
-        inner = tokenizer
+        """From one of the explorer's real tokenizers (tokenizers' added tokens, or tiktoken's special tokens). The
+        special ones are what transformers would list in all_special_tokens where the model says
+        (`all_special_tokens` of a wrapper: models.listed_special_tokens), else the tokenizer file's special flags."""
+        inner, listed = tokenizer, getattr(tokenizer, "all_special_tokens", None)
         while hasattr(inner, "inner"):
             inner = inner.inner
+            listed = listed if listed is not None else getattr(inner, "all_special_tokens", None)
         backend = getattr(inner, "backend", None)
         if backend is None:
             return None
         # Read once per tokenizer: every parse and request-side render of a matrix asks (the decoder lists hundreds)
-        known = _VOCABS.get(id(backend))
+        key = (id(backend), listed)
+        known = _VOCABS.get(key)
         if known is not None and known[0] is backend:
             return known[1]
-        vocab = cls._read(inner, backend)
+        vocab = cls._read(inner, backend, listed)
         if len(_VOCABS) >= MAX_VOCABS:  # uploads bring tokenizers of their own to a long-lived server
             _VOCABS.clear()
-        _VOCABS[id(backend)] = (backend, vocab)
+        _VOCABS[key] = (backend, vocab)
         return vocab
 
     @classmethod
-    def _read(cls, inner: Any, backend: Any) -> AddedVocab | None:
+    def _read(cls, inner: Any, backend: Any, listed: tuple[str, ...] | None) -> AddedVocab | None:
         if hasattr(backend, "get_added_tokens_decoder"):
             decoder = backend.get_added_tokens_decoder()
-            return cls({t.content: i for i, t in decoder.items()},
-                       frozenset(t.content for t in decoder.values() if t.special), tokenizer_file(backend))
+            ids = {t.content: i for i, t in decoder.items()}
+            special = frozenset(t.content for t in decoder.values() if t.special) if listed is None else \
+                frozenset(listed) & ids.keys()
+            return cls(ids, special, tokenizer_file(inner))
         if hasattr(backend, "special_tokens_set"):
             ids = {text: inner.token_id(text) for text in backend.special_tokens_set}
             return cls({t: i for t, i in ids.items() if i is not None}, frozenset(ids))
@@ -333,14 +340,16 @@ def release_problem(engine: str, version: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=16)
-def tokenizer_file(backend: Any) -> str:
-    """A `tokenizers.Tokenizer` written once to the engine cache (by content hash), for the workers to read."""
-    import hashlib
-
-    text = backend.to_str()
-    path = fetch.cache_dir() / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+def tokenizer_file(inner: Any) -> str:
+    """A `tokenizers.Tokenizer` written once to the engine cache, for the workers to read: named by the sha256 of the
+    tokenizer.json it was loaded from where that is known (serialising one takes 0.7-2 s, which a fresh process paid
+    per model only to name the file), else by the serialised text's own."""
+    source = getattr(inner, "source_sha256", None)
+    text = None if source else inner.backend.to_str()
+    name = f"from-{source}" if source else hashlib.sha256(text.encode()).hexdigest()
+    path = fetch.cache_dir() / "tokenizers" / f"{name}.json"
     if not path.exists():
-        fetch.write_atomic(path, text.encode())
+        fetch.write_atomic(path, (text if text is not None else inner.backend.to_str()).encode())
     return str(path)
 
 
@@ -348,7 +357,8 @@ def traced_edits(origin: str, text: str, result: dict, trace: dict) -> tuple[Edi
     """The release's own edits behind each response field, from the tracer: for every field whose value is not the
     model text, the last edit in the engine's files that produced exactly that value (file:line of that release): a
     string local that changed into it, else (reasoning and content, cut from the model text) the first local one
-    expression set to it; and for an empty answer sent as null the line where the local became None."""
+    expression set to it; and for an empty answer sent as null the line where the local became None. (The worker
+    sends the edits this and `field_sources` read, tracer.answer_edits: a change here may need one there.)"""
     fields = [("reasoning", result.get("reasoning")), ("content", result.get("content"))]
     fields += [(f"arguments of {c['name']}", c["arguments"]) for c in result.get("tool_calls", [])]
     edits: list[Edit] = []

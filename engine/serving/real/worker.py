@@ -248,7 +248,7 @@ class Worker:
         reply = {"ok": True, "result": result, "ms": (time.perf_counter() - started) * 1000,
                  "warnings": sorted(self.touches.names)}
         if tracer is not None:
-            reply["trace"] = tracer.report(self.root)
+            reply["trace"] = tracer.report(self.root, result if isinstance(result, dict) else None)
         return reply
 
 

@@ -319,7 +319,6 @@ class SglangDeepSeekParser(FamilyParser):
     """ReasoningParser then FunctionCallParser, as serving_chat.py chains them (see oracle_runner.run_sglang)."""
 
     version = "0.5.23"
-    has_stream_end = True  # ReasoningParser.parse_stream_end / FunctionCallParser.parse_stream_end exist
     detector_class: type = DsmlDetector
     think_detector_class: type[ReasoningDetector] = ReasoningDetector
     content_lines = (203, 217)
@@ -401,7 +400,7 @@ class SglangDeepSeekParser(FamilyParser):
             delta = chunk
             if think is not None:
                 reasoning, delta = think.stream(chunk)
-                if finished and self.has_stream_end:
+                if finished:  # ReasoningParser.parse_stream_end
                     end_reasoning, end_normal = think.finish()
                     reasoning += end_reasoning
                     delta += end_normal
@@ -411,7 +410,7 @@ class SglangDeepSeekParser(FamilyParser):
                 continue
             normal_in += delta
             normal, items = detector.stream(delta)
-            if finished and self.has_stream_end:
+            if finished:  # FunctionCallParser.parse_stream_end
                 normal += detector.finish()
             content_out += normal
             for item in items:

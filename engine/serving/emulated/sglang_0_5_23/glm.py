@@ -116,8 +116,8 @@ def literal_eval(value: str) -> Any:
 
 
 # ---------------------------------------------------------------- schema type inference (function_call/utils.py)
-def infer_type(schema: Any, optional_unions: bool = True) -> str | None:
-    """infer_type_from_json_schema (utils.py:326-429); `optional_unions`: [T, null] unions resolve to T (0.5.23)."""
+def infer_type(schema: Any) -> str | None:
+    """infer_type_from_json_schema (utils.py:326-429); [T, null] unions resolve to T (374-376)."""
     if not isinstance(schema, dict):
         return None
     if "type" in schema:
@@ -130,11 +130,11 @@ def infer_type(schema: Any, optional_unions: bool = True) -> str | None:
     if "anyOf" in schema or "oneOf" in schema:
         branches = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(branches, list):
-            types = [t for t in (infer_type(b, optional_unions) for b in branches) if t]
+            types = [t for t in (infer_type(b) for b in branches) if t]
             if types:
                 if len(set(types)) == 1:
                     return types[0]
-                if optional_unions and len(set(types)) == 2 and "null" in types:
+                if len(set(types)) == 2 and "null" in types:
                     return [t for t in types if t != "null"][0]
                 return "string" if "string" in types else types[0]
     if "enum" in schema and isinstance(schema["enum"], list):
@@ -144,7 +144,7 @@ def infer_type(schema: Any, optional_unions: bool = True) -> str | None:
         return kinds.pop() if len(kinds) == 1 else "string"
     if "allOf" in schema and isinstance(schema["allOf"], list):
         for branch in schema["allOf"]:
-            inferred = infer_type(branch, optional_unions)
+            inferred = infer_type(branch)
             if inferred and inferred != "string":
                 return inferred
         return "string"
@@ -331,7 +331,6 @@ class GlmDetectorBase:
     per-argument streaming state machine."""
 
     path = GLM4
-    optional_unions = True  # infer_type_from_json_schema resolves [T, null] unions (utils.py:374-376)
     lines: dict[str, tuple[int, int]] = {}
 
     def __init__(self, tools: list[dict], log: EditLog) -> None:
@@ -637,7 +636,7 @@ class Glm4Detector(GlmDetectorBase):
         properties = schema_properties(by_name[name])
         if key not in properties:
             return None
-        return infer_type(properties[key], self.optional_unions)
+        return infer_type(properties[key])
 
     def parse_value(self, raw: str, arg_type: str | None) -> tuple[Any, bool]:
         """parse_arguments (88-148): json.loads, unescape + json.loads, (string) strip quotes, literal_eval, text."""
@@ -655,7 +654,7 @@ class Glm4Detector(GlmDetectorBase):
             return parsed, True
         except (ValueError, KeyError):
             pass
-        if arg_type == "string" and self.unquotes_strings:
+        if arg_type == "string":  # Strategy 2.5 (124-134)
             if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'":
                 return raw[1:-1], True
             return raw, True
@@ -664,8 +663,6 @@ class Glm4Detector(GlmDetectorBase):
         except (ValueError, SyntaxError):
             pass
         return raw, True
-
-    unquotes_strings = True  # Strategy 2.5 (124-134), new after 0.5.12
 
     def parse_pairs(self, pairs: list[tuple[str, str]], name: str) -> dict:
         """_parse_argument_pairs (647-682): string-typed keys always end up strings (str(), or json.dumps)."""
@@ -808,14 +805,11 @@ class Glm4Detector(GlmDetectorBase):
                     self.streamed_raw_length = 0
                     self.reset_streaming_state()
                     self.prev_tool_call_arr[self.current_tool_id] = {"name": name, "arguments": {}}
-                    if not self.args_with_name:
-                        return StreamResult(calls=calls)
+                # arguments stream in the delta that sent the name (554-556)
                 return StreamResult(calls=calls + self.stream_args(name, raw_args, tool_end, match_end, current))
             return StreamResult(calls=calls)
         except Exception:
             return StreamResult(normal=current)
-
-    args_with_name = True  # 0.5.23 streams arguments in the delta that sent the name (554-556)
 
     def name_boundary(self, window: str) -> bool:
         return "\n" in window or "\\n" in window
@@ -1204,9 +1198,7 @@ class SglangGlmParser(FamilyParser):
     reasoning_class: type[ReasoningDetector] = ReasoningDetector
     reasoning_lines = {"leading_think": (171, 173), "tool_split": (179, 191)}
     detectors: dict[str, type[GlmDetectorBase]] = {"glm45": Glm4Detector, "glm47": Glm47Detector}
-    flushes_at_end = True  # parse_stream_end / finish exist since 0.5.13
     unstreamed_lines = (3758, 3833)
-    keeps_text_without_calls = False  # function_call_parser.py:218-221: a call marker alone replaces the text
 
     def reasoner(self, log: EditLog) -> ReasoningDetector:
         return self.reasoning_class(BOT, True, True, log, leading_think_lines=self.reasoning_lines["leading_think"],
@@ -1224,10 +1216,10 @@ class SglangGlmParser(FamilyParser):
             # the detector's edits count only when serving_chat uses its result
             detector.log = EditLog(log.origin)
             normal, items = detector.parse_whole(text)
-            if items or not self.keeps_text_without_calls:
-                log.edits.extend(detector.log.edits)
-                text = normal
-                calls = tuple(ToolCall(RANDOM_ID, item.name or "", item.parameters) for item in items)
+            # function_call_parser.py:218-221: a call marker alone replaces the text
+            log.edits.extend(detector.log.edits)
+            text = normal
+            calls = tuple(ToolCall(RANDOM_ID, item.name or "", item.parameters) for item in items)
         # serving_chat.py:2986-2993: content is never null; empty reasoning is reported as null
         return ParsedTurn(reasoning or None, text, calls)
 
@@ -1239,7 +1231,7 @@ class SglangGlmParser(FamilyParser):
             finished = position == len(deltas) - 1
             if reasoner is not None:
                 reasoning, delta = reasoner.stream(delta)
-                if finished and self.flushes_at_end:
+                if finished:  # parse_stream_end / finish (since 0.5.13)
                     end_reasoning, end_normal = reasoner.finish()
                     reasoning, delta = reasoning + end_reasoning, delta + end_normal
                 out.reasoning.append(reasoning)
@@ -1247,7 +1239,7 @@ class SglangGlmParser(FamilyParser):
                 out.content.append(delta)
                 continue
             result = detector.parse_delta(delta)
-            if finished and self.flushes_at_end:
+            if finished:
                 end_result = detector.finish()
                 result = StreamResult(result.normal + end_result.normal, result.calls + end_result.calls)
             out.content.append(result.normal)

@@ -613,9 +613,6 @@ class SglangGptOssParser(FamilyParser):
     Edits are logged in output order (content before calls), so the first edit is the first place the text changed.
     """
 
-    # function_call_parser.py:216-221 returns the detector's text once has_tool_call; 0.5.12 (128-131) kept the
-    # whole text when no call parsed
-    keeps_text_without_calls = False
     end_flush = "the stream-end finish() (reasoning_parser.py:336-365) flushes only the base class buffer"
 
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
@@ -646,8 +643,8 @@ class SglangGptOssParser(FamilyParser):
                 # serving_chat.py 0.5.23 3215-3217 (0.5.12 1337-1340): on an exception the text stays, no calls
                 return ParsedTurn(reasoning or None, rest, ())
             calls = [call for call in found if call is not None]
-            if calls or not self.keeps_text_without_calls:
-                content = " ".join(e.content for e in events if e.kind == "normal").strip()
+            # function_call_parser.py:216-221 returns the detector's text once has_tool_call
+            content = " ".join(e.content for e in events if e.kind == "normal").strip()
         if reasoner is not None:
             reasoner.record(log, "reasoning stage", content)
             self.note_dropped(log, reasoner, "reasoning stage")

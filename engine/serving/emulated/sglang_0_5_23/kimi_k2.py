@@ -429,7 +429,7 @@ class KimiReasoning:
 
 
 # ---------------------------------------------------------------- tools, non-streaming
-def infer_tool_name(tools: list[dict], arguments: str | JsonPrefix | None, merged_properties: bool) -> str | None:
+def infer_tool_name(tools: list[dict], arguments: str | JsonPrefix | None) -> str | None:
     """_infer_tool_name (kimik2_detector.py:117-158): a bare counter id names its tool by the argument keys."""
     if not tools:
         return None
@@ -455,13 +455,7 @@ def infer_tool_name(tools: list[dict], arguments: str | JsonPrefix | None, merge
     best_name, best_score = None, -1
     for tool in tools:
         parameters = tool_function(tool).get("parameters") or {}
-        if merged_properties:
-            properties = set(schema_properties(parameters))
-        else:  # 0.5.12: params.get("properties", {}).keys()
-            declared = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-            if not isinstance(declared, dict):
-                raise DetectorFailure("properties has no keys()")
-            properties = set(declared)
+        properties = set(schema_properties(parameters))  # through anyOf/oneOf/allOf (utils.py:307-323)
         if not properties:
             continue
         score = len(keys & properties) - len(keys - properties)
@@ -476,8 +470,6 @@ class SglangKimiK2Parser(FamilyParser):
     # Set by the caller when known; the engine base class does not pass them to family parsers yet.
     chat_template_kwargs: dict | None = None
     history_tool_calls: int = 0
-    merged_properties = True  # 0.5.23 reads properties through anyOf/oneOf/allOf (utils.py:307-323)
-    has_stream_end = True  # ReasoningParser.parse_stream_end / FunctionCallParser.parse_stream_end exist
     lines = LINES
 
     def record(self, log: EditLog, step: str, before: str, after: str, description: str) -> None:
@@ -576,7 +568,7 @@ class SglangKimiK2Parser(FamilyParser):
         if match:
             return match.group("name"), int(match.group("index"))
         if COUNTER_RE.match(call_id):
-            return infer_tool_name(tools, arguments, self.merged_properties), int(call_id)
+            return infer_tool_name(tools, arguments), int(call_id)
         return None, 0
 
     # ---- streaming, as the oracle drives serving_chat.py's per-chunk calls
@@ -599,7 +591,7 @@ class SglangKimiK2Parser(FamilyParser):
             delta = chunk
             if reasoner is not None:
                 reasoning_text, delta = reasoner.feed(delta)
-                if finished and self.has_stream_end:
+                if finished:  # ReasoningParser.parse_stream_end
                     end_reasoning, end_normal = reasoner.finish()
                     reasoning_text += end_reasoning
                     delta += end_normal
@@ -766,7 +758,7 @@ class KimiToolStream:
             if not COUNTER_RE.match(call_id):
                 return None
         if len(self.tools) < 2:
-            return infer_tool_name(self.tools, None, self.parser.merged_properties)
+            return infer_tool_name(self.tools, None)
         stop = end if end != -1 else buffer.length
         if self.inference is None:
             self.inference = JsonPrefix()
@@ -775,7 +767,7 @@ class KimiToolStream:
             self.inference_fed = stop - args_start
         if self.inference_fed == 0:
             return None
-        return infer_tool_name(self.tools, self.inference, self.parser.merged_properties)
+        return infer_tool_name(self.tools, self.inference)
 
     def unstreamed_arguments(self) -> tuple[int, str] | None:
         """_check_for_unstreamed_tool_args (serving_chat.py:3758-3830)."""

@@ -28,9 +28,6 @@ INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 class SglangQwen3Parser(FamilyParser):
     """Reasoning (Qwen3Detector) then the chosen tool detector, as serving_chat.py chains them."""
 
-    strips_text = False  # up to 0.5.12 the reasoning parser stripped; see sglang_0_5_12
-    tool_call_ends_reasoning = True  # tool_call_parser_active: <tool_call> implicitly ends reasoning
-    unparsed_markup_kept = False  # 0.5.12 returned the whole text when no call parsed
     # qwen3_coder_detector.py lines of this release: the parameter newline trim, json.dumps, the content cut
     coder_lines = {"trim": (215, 219), "dump": 229, "content": 238}
 
@@ -42,7 +39,8 @@ class SglangQwen3Parser(FamilyParser):
                 body = body[len(THINK_START) :]
         log.record("drop_leading_think", text, body, REASONING, 172, 173, "leading <think> tags removed")
         end = body.find(THINK_END)
-        call = body.find(CALL_START) if (tools_active and self.tool_call_ends_reasoning) else -1
+        # tool_call_parser_active: <tool_call> implicitly ends reasoning
+        call = body.find(CALL_START) if tools_active else -1
         if stream and call != -1 and (end == -1 or call < end):
             return body[:call] or None, body[call:]
         if end == -1:
@@ -138,9 +136,7 @@ class SglangQwen3Parser(FamilyParser):
     # ---- the whole turn
     def parse(self, text: str, tools: list[dict], stream: bool, chunks: list[str], log: EditLog) -> ParsedTurn:
         tools_active = bool(tools) and self.tool_parser is not None
-        source = self.prestrip(text, stream, log)
-        reasoning, rest = self.split_reasoning(source, stream, tools_active, log)
-        rest = self.strip_content(rest, stream, log)
+        reasoning, rest = self.split_reasoning(text, stream, tools_active, log)
         if not tools_active:
             return self.finish(reasoning, rest, (), stream)
         start = rest.find(CALL_START)
@@ -152,8 +148,6 @@ class SglangQwen3Parser(FamilyParser):
         if stream:
             return self.finish(reasoning, *self.streamed(rest, start, tools, log), stream)
         calls = self.coder_calls(rest, tools, log)
-        if not calls and self.unparsed_markup_kept:
-            return self.finish(reasoning, rest, (), stream)
         log.record(
             "content_before_calls",
             rest,
@@ -182,7 +176,7 @@ class SglangQwen3Parser(FamilyParser):
         return content, tuple(calls)
 
     def wrong_parser(self, rest: str, start: int, stream: bool, log: EditLog) -> tuple[str, tuple[ToolCall, ...]]:
-        if start == -1 or (self.unparsed_markup_kept and not stream):
+        if start == -1:
             return rest, ()
         kept = rest[:start] if stream else rest[:start].strip()
         log.record(
@@ -195,12 +189,6 @@ class SglangQwen3Parser(FamilyParser):
             "Qwen25Detector cannot json.loads the XML call: the call and its markup are dropped",
         )
         return kept, ()
-
-    def prestrip(self, text: str, stream: bool, log: EditLog) -> str:
-        return text
-
-    def strip_content(self, rest: str, stream: bool, log: EditLog) -> str:
-        return rest
 
     @staticmethod
     def finish(reasoning: str | None, content: str, calls: tuple[ToolCall, ...], stream: bool) -> ParsedTurn:

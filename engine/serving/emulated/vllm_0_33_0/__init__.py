@@ -1,4 +1,6 @@
-"""vLLM 0.33.0: parser emulations keyed by vLLM's own CLI names, and the request-side rewrite."""
+"""vLLM 0.33.0: the Qwen3 parser emulation keyed by vLLM's own CLI names, and the request-side rewrite (also the
+stand-in request side of every vLLM release's real code). GLM, Kimi K2, DeepSeek and GPT-OSS run the release's own
+code (engine.serving.registry.for_parsers)."""
 
 from __future__ import annotations
 
@@ -6,34 +8,11 @@ import dataclasses
 import json
 
 from engine.serving.base import EditLog, EngineEmulation, FamilyParser, RequestPrep
-from engine.serving.emulated.vllm_0_33_0.deepseek import VllmDeepSeekParser
-from engine.serving.emulated.vllm_0_33_0.glm import VllmGlmParser
-from engine.serving.emulated.vllm_0_33_0.gpt_oss import VllmGptOssParser
-from engine.serving.emulated.vllm_0_33_0.kimi_k2 import VllmKimiK2Parser
 from engine.serving.emulated.vllm_0_33_0.qwen3 import Qwen3EngineParser
 from engine.types import ParseResult
 
-REASONING_FAMILY = {
-    "qwen3": "qwen3",
-    "glm45": "glm",
-    "glm47": "glm",
-    "kimi_k2": "kimi_k2",
-    "deepseek_v3": "deepseek",
-    "deepseek_v4": "deepseek",
-    "openai_gptoss": "gpt_oss",
-}
-TOOL_FAMILY = {
-    "qwen3_coder": "qwen3",
-    "qwen3_xml": "qwen3",
-    "glm45": "glm",
-    "glm47": "glm",
-    "kimi_k2": "kimi_k2",
-    "deepseek_v3": "deepseek",
-    "deepseek_v31": "deepseek",
-    "deepseek_v32": "deepseek",
-    "deepseek_v4": "deepseek",
-    "openai": "gpt_oss",
-}
+REASONING_FAMILY = {"qwen3": "qwen3"}
+TOOL_FAMILY = {"qwen3_coder": "qwen3", "qwen3_xml": "qwen3"}
 PROTOCOL = "vllm/entrypoints/openai/chat_completion/protocol.py"
 ASSEMBLY = "vllm/entrypoints/openai/chat_completion/message_assembly.py"
 STREAM = "vllm/entrypoints/openai/chat_completion/stream_processor.py"
@@ -48,10 +27,6 @@ class VllmEmulation(EngineEmulation):
     tool_parsers = TOOL_FAMILY
     families: dict[str, type[FamilyParser]] = {
         "qwen3": Qwen3EngineParser,
-        "glm": VllmGlmParser,
-        "kimi_k2": VllmKimiK2Parser,
-        "deepseek": VllmDeepSeekParser,
-        "gpt_oss": VllmGptOssParser,
     }
 
     def serve(self, result: ParseResult, *, tools: list[dict], stream: bool) -> ParseResult:
