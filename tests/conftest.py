@@ -317,16 +317,18 @@ MARKS: dict[str, dict[str, tuple[str, ...]]] = {
 # ---- the order the two xdist workers take the files in -------------------------------------------------------------
 # `--dist loadfile` hands each file whole to whichever worker is free, in collection order (`--no-loadscope-reorder`:
 # xdist would otherwise sort the files by their number of tests, which puts a one-test file that computes the whole
-# default matrix last, where it alone is the run's tail). The longest files go first, longest first (measured with
-# --durations, summed per file, on 2 cores), so the run ends on short files and both workers finish together.
+# default matrix last, where it alone is the run's tail). The longest files go first, longest first, so the run ends
+# on short files and both workers finish together. Measured as CPU seconds per file, the test process's and its
+# children's (servers, CLI processes, release workers), one file after another with `-n 0` (2026-12-07): the browser
+# file and the bench contracts are the two longest by far and start the run, one on each worker.
 LONGEST_FIRST = (
-    "test_hostile.py", "test_bench_fuzz.py", "test_render_incremental.py", "test_browser.py",
-    "test_uploads_real_configs.py", "blame/test_blame_benchmark.py", "test_hostile_workers.py", "test_snapshot.py",
-    "test_parsers_golden.py", "test_real_engines.py", "test_untrusted.py", "test_app_untrusted.py",
-    "test_tokenize_segments.py", "test_fuzz_properties.py", "test_simulate.py", "test_lazy_provenance.py",
-    "test_ci_gate.py", "test_zoo.py", "test_check.py", "test_hostile_traces.py", "test_parsers_glm.py",
-    "test_cli_hostile.py", "test_app.py", "test_engine_request_side.py", "test_evidence.py",
-    "test_app_isolation.py", "test_matrix_causes.py", "test_parsers_gpt_oss.py",
+    "test_browser.py", "test_bench_fuzz.py", "test_render_incremental.py", "test_snapshot.py",
+    "test_tokenize_segments.py", "test_lazy_provenance.py", "blame/test_blame_benchmark.py", "test_app_untrusted.py",
+    "test_parsers_golden.py", "test_real_engines.py", "test_hostile.py", "test_simulate.py", "test_fuzz_properties.py",
+    "test_app.py", "test_untrusted.py", "test_hostile_workers.py", "test_ci_gate.py", "test_check.py",
+    "test_zoo.py", "test_cli_hostile.py", "test_hostile_traces.py", "test_parsers_glm.py", "test_watch.py",
+    "test_app_isolation.py", "test_matrix_causes.py", "test_uploads_real_configs.py", "test_engine_request_side.py",
+    "test_evidence.py", "test_parsers_gpt_oss.py",
 )
 
 
