@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.models import default_model_ids
 from engine.scenario import load_scenario, scenario_ids
 from engine.serving.registry import spawn_releases
 from engine.serving.spec import EngineSpec
 from engine.simulate import ENGINES, Boundary, CellResult, run_cell
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -24,16 +30,51 @@ def default_request() -> MatrixRequest:
     return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
 
 
+# Threads that compute a matrix's cells together while a release it asks is cold (see run_matrix).
+COLD_THREADS = 3
+
+
 def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
     """Every cell of the request; `explain=False` leaves the causes out (status and prefixes only)."""
     # The releases' workers load while the first cells render (a cold result cache asks them; a warm one never waits)
-    spawn_releases(request.engines)
-    return [
-        run_cell(m, s, e, request.kwargs.get(m, {}), explain=explain)
-        for m in request.models
-        for s in request.scenarios
-        for e in request.engines
-    ]
+    cold = spawn_releases(request.engines)
+    cells = [(m, s, e) for m in request.models for s in request.scenarios for e in request.engines]
+
+    def compute(cell: tuple[str, str, EngineSpec | str]) -> CellResult:
+        model_id, scenario_id, engine = cell
+        return run_cell(model_id, scenario_id, engine, request.kwargs.get(model_id, {}), explain=explain)
+
+    if not cold:  # every answer read from the result cache: one thread, the cells are CPU alone
+        return [compute(cell) for cell in cells]
+    # A cold release answers each job in its worker process, tens of ms of its own CPU: while one cell waits for an
+    # answer, the others render and tokenize (the workers queue several cells' asks: process.PipelinedProcess)
+    return in_threads(compute, cells, COLD_THREADS)
+
+
+def in_threads(compute: Callable[[T], R], items: list[T], threads: int) -> list[R]:
+    """`[compute(item) for item in items]`, computed by `threads` threads that each take the next item; the first
+    exception is raised once the threads stop (each stops at its next item)."""
+    results: list[R | None] = [None] * len(items)
+    positions = iter(range(len(items)))
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def work() -> None:
+        while not failed.is_set():
+            with lock:
+                position = next(positions, None)
+            if position is None:
+                return
+            try:
+                results[position] = compute(items[position])
+            except BaseException:
+                failed.set()
+                raise
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="matrix") as pool:
+        for done in [pool.submit(work) for _ in range(min(threads, len(items)))]:
+            done.result()
+    return results  # type: ignore[return-value] - every position was computed
 
 
 def boundary_json(b: Boundary) -> dict:
