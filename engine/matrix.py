@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from engine.models import default_model_ids
 from engine.scenario import load_scenario, scenario_ids
-from engine.serving.registry import spawn_releases
+from engine.serving.registry import parse_engine, spawn_releases
 from engine.serving.spec import EngineSpec
 from engine.simulate import ENGINES, Boundary, CellResult, run_cell
 
@@ -30,7 +30,8 @@ def default_request() -> MatrixRequest:
     return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
 
 
-# Threads that compute a matrix's cells together while a release it asks is cold (see run_matrix).
+# Threads that compute a matrix's cells together while a release it asks is cold (see run_matrix): two take the
+# serving columns' cells, one the others.
 COLD_THREADS = 3
 
 
@@ -46,23 +47,43 @@ def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResu
 
     if not cold:  # every answer read from the result cache: one thread, the cells are CPU alone
         return [compute(cell) for cell in cells]
-    # A cold release answers each job in its worker process, tens of ms of its own CPU: while one cell waits for an
-    # answer, the others render and tokenize (the workers queue several cells' asks: process.PipelinedProcess)
-    return in_threads(compute, cells, COLD_THREADS)
+    # A cold release answers each job in its worker process, tens of ms of its own CPU. The cells of the vLLM and
+    # SGLang columns go in one lane, the others (which ask a release only for a fix hint) in another, each in the
+    # matrix's order, computed at once: while a cell waits for its answer, other cells render and tokenize (the
+    # workers take several cells' asks at once: process.PipelinedProcess). By lanes, not by interleaving models: a
+    # worker builds its serving objects for one parser pair at a time (glue_*.py Glue.serving), so a release asked
+    # for one model after another would rebuild them at every ask.
+    lanes = [[n for n, (_, _, e) in enumerate(cells) if _serving_column(e) is wanted] for wanted in (True, False)]
+    return in_threads(compute, cells, COLD_THREADS, lanes)
 
 
-def in_threads(compute: Callable[[T], R], items: list[T], threads: int) -> list[R]:
-    """`[compute(item) for item in items]`, computed by `threads` threads that each take the next item; the first
-    exception is raised once the threads stop (each stops at its next item)."""
+def _serving_column(engine: EngineSpec | str) -> bool:
+    try:
+        return (parse_engine(engine) if isinstance(engine, str) else engine).is_serving_engine
+    except ValueError:  # an unknown engine: its cells say so
+        return False
+
+
+def in_threads(compute: Callable[[T], R], items: list[T], threads: int, lanes: list[list[int]]) -> list[R]:
+    """`[compute(item) for item in items]`, computed by `threads` threads. `lanes`: the positions of `items`, each
+    position in one lane; thread n takes the next item of lane n % len(lanes), or of the first lane with items left
+    when that one is done. The first exception is raised once the threads stop (each stops at its next item)."""
     results: list[R | None] = [None] * len(items)
-    positions = iter(range(len(items)))
+    queues = [iter(lane) for lane in lanes]
     lock = threading.Lock()
     failed = threading.Event()
 
-    def work() -> None:
+    def next_position(preferred: int) -> int | None:
+        with lock:
+            for queue in [queues[preferred], *queues]:
+                position = next(queue, None)
+                if position is not None:
+                    return position
+        return None
+
+    def work(thread: int) -> None:
         while not failed.is_set():
-            with lock:
-                position = next(positions, None)
+            position = next_position(thread % len(queues))
             if position is None:
                 return
             try:
@@ -72,7 +93,7 @@ def in_threads(compute: Callable[[T], R], items: list[T], threads: int) -> list[
                 raise
 
     with ThreadPoolExecutor(threads, thread_name_prefix="matrix") as pool:
-        for done in [pool.submit(work) for _ in range(min(threads, len(items)))]:
+        for done in [pool.submit(work, n) for n in range(min(threads, len(items)))]:
             done.result()
     return results  # type: ignore[return-value] - every position was computed
 
