@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.models import default_model_ids
 from engine.scenario import load_scenario, scenario_ids
-from engine.serving.registry import spawn_releases
+from engine.serving.registry import parse_engine, spawn_releases
 from engine.serving.spec import EngineSpec
 from engine.simulate import ENGINES, Boundary, CellResult, run_cell
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -24,16 +30,72 @@ def default_request() -> MatrixRequest:
     return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
 
 
+# Threads that compute a matrix's cells together while a release it asks is cold (see run_matrix): two take the
+# serving columns' cells, one the others.
+COLD_THREADS = 3
+
+
 def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
     """Every cell of the request; `explain=False` leaves the causes out (status and prefixes only)."""
     # The releases' workers load while the first cells render (a cold result cache asks them; a warm one never waits)
-    spawn_releases(request.engines)
-    return [
-        run_cell(m, s, e, request.kwargs.get(m, {}), explain=explain)
-        for m in request.models
-        for s in request.scenarios
-        for e in request.engines
-    ]
+    cold = spawn_releases(request.engines)
+    cells = [(m, s, e) for m in request.models for s in request.scenarios for e in request.engines]
+
+    def compute(cell: tuple[str, str, EngineSpec | str]) -> CellResult:
+        model_id, scenario_id, engine = cell
+        return run_cell(model_id, scenario_id, engine, request.kwargs.get(model_id, {}), explain=explain)
+
+    if not cold:  # every answer read from the result cache: one thread, the cells are CPU alone
+        return [compute(cell) for cell in cells]
+    # A cold release answers each job in its worker process, tens of ms of its own CPU. The cells of the vLLM and
+    # SGLang columns go in one lane, the others (which ask a release only for a fix hint) in another, each in the
+    # matrix's order, computed at once: while a cell waits for its answer, other cells render and tokenize (the
+    # workers take several cells' asks at once: process.PipelinedProcess). By lanes, not by interleaving models: a
+    # worker builds its serving objects for one parser pair at a time (glue_*.py Glue.serving), so a release asked
+    # for one model after another would rebuild them at every ask.
+    lanes = [[n for n, (_, _, e) in enumerate(cells) if _serving_column(e) is wanted] for wanted in (True, False)]
+    return in_threads(compute, cells, COLD_THREADS, lanes)
+
+
+def _serving_column(engine: EngineSpec | str) -> bool:
+    try:
+        return (parse_engine(engine) if isinstance(engine, str) else engine).is_serving_engine
+    except ValueError:  # an unknown engine: its cells say so
+        return False
+
+
+def in_threads(compute: Callable[[T], R], items: list[T], threads: int, lanes: list[list[int]]) -> list[R]:
+    """`[compute(item) for item in items]`, computed by `threads` threads. `lanes`: the positions of `items`, each
+    position in one lane; thread n takes the next item of lane n % len(lanes), or of the first lane with items left
+    when that one is done. The first exception is raised once the threads stop (each stops at its next item)."""
+    results: list[R | None] = [None] * len(items)
+    queues = [iter(lane) for lane in lanes]
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def next_position(preferred: int) -> int | None:
+        with lock:
+            for queue in [queues[preferred], *queues]:
+                position = next(queue, None)
+                if position is not None:
+                    return position
+        return None
+
+    def work(thread: int) -> None:
+        while not failed.is_set():
+            position = next_position(thread % len(queues))
+            if position is None:
+                return
+            try:
+                results[position] = compute(items[position])
+            except BaseException:
+                failed.set()
+                raise
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="matrix") as pool:
+        for done in [pool.submit(work, n) for n in range(min(threads, len(items)))]:
+            done.result()
+    return results  # type: ignore[return-value] - every position was computed
 
 
 def boundary_json(b: Boundary) -> dict:

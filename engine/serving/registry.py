@@ -91,10 +91,11 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
     raise ValueError(_unknown_engine(repr(str(spec))))
 
 
-def spawn_releases(specs: Iterable[EngineSpec | str]) -> None:
+def spawn_releases(specs: Iterable[EngineSpec | str]) -> list[str]:
     """Start, without waiting, the workers of the releases these columns ask: each serving column's own release, then
     the other pinned releases of its engine (a fix hint re-runs a break on them). A column that names no engine, or
-    an unknown one, starts nothing (its cells say why)."""
+    an unknown one, starts nothing (its cells say why). The releases whose answers the result cache does not hold
+    (backend.spawn_workers)."""
     releases: dict[tuple[str, str], None] = {}
     for spec in specs:
         try:
@@ -106,7 +107,7 @@ def spawn_releases(specs: Iterable[EngineSpec | str]) -> None:
             other = EngineSpec.parse(pinned)
             if other.kind == engine.name and other.version:
                 releases[(other.kind, other.version)] = None
-    spawn_workers(releases)
+    return spawn_workers(releases)
 
 
 def parse_engine(text: str) -> EngineSpec:

@@ -22,7 +22,6 @@ import hashlib
 import json
 import re
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any
 from engine.errors import ExplorerError, RenderError
 from engine.serving.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
-from engine.serving.real.process import ROOT, JsonLineProcess
+from engine.serving.real.process import ROOT, PipelinedProcess
 from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
@@ -62,29 +61,25 @@ class EngineWorkerError(ExplorerError):
     """The worker of a release could not start or answer; one sentence."""
 
 
-class Worker(JsonLineProcess):
-    """One sandboxed worker process for one release."""
+class Worker(PipelinedProcess):
+    """One sandboxed worker process for one release. Threads ask it together: their requests queue in its stdin
+    (process.PipelinedProcess)."""
 
     def __init__(self, engine: str, version: str, root: Path, limits: WorkerLimits,
                  dependencies: fetch.Dependencies | None = None) -> None:
-        super().__init__(f"{engine}@{version}", limits.memory_mb, EngineWorkerError)
+        super().__init__(f"{engine}@{version}", limits.memory_mb, EngineWorkerError, limits.startup_timeout_s)
         self.engine, self.version, self.root, self.limits = engine, version, root, limits
         self.dependencies = dependencies or fetch.Dependencies({}, {})
-        self.lock = threading.Lock()
-        self.hello: dict = {}
-        self.start_s = 0.0
-        self._spawned_at = 0.0
-        self.vocabs_sent: set[str] = set()  # the vocabularies this process holds (AddedVocab.reference)
 
     def start(self) -> None:
         self.spawn_release()
-        self._await_hello()
+        self.await_hello()
+
+    def respawn(self) -> None:
+        self.spawn_release()
 
     def spawn_release(self) -> None:
-        """Start the process without waiting for it to load the release (`_await_hello` does, at the first ask)."""
-        self._spawned_at = time.perf_counter()
-        self.vocabs_sent = set()
-        self.hello = {}
+        """Start the process without waiting for it to load the release (the first ask waits for its hello)."""
         pycache = fetch.cache_dir() / "pycache" / f"{self.engine}@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT),
@@ -98,29 +93,14 @@ class Worker(JsonLineProcess):
                                                   *(f"{name}={src.root}" for name, src in
                                                     sorted(self.dependencies.real.items()))], env, pycache)
 
-    def _await_hello(self) -> None:
-        self.hello = self.read(self.limits.startup_timeout_s, "start")
-        self.start_s = time.perf_counter() - self._spawned_at
-        if not self.hello.get("ok"):
-            error = self.hello.get("error")
-            self.stop()
-            raise EngineWorkerError(f"{self.engine}@{self.version} does not load here: {error}")
+    def hello_problem(self, hello: dict) -> str | None:
+        return None if hello.get("ok") else f"{self.engine}@{self.version} does not load here: {hello.get('error')}"
 
     def ask(self, request: dict, timeout_s: float, vocab: AddedVocab | None = None) -> dict:
         """`vocab`: the vocabulary `request["tokenizer"]` references, sent along the first time this process is
         asked with it (tens of KB a job otherwise, written, hashed and read again per parse and render)."""
-        with self.lock:
-            if self.proc is None:
-                self.start()
-            elif not self.hello:  # spawned ahead (spawn_workers): its imports ran while the caller worked
-                self._await_hello()
-            elif self.proc.poll() is not None:
-                self.start()
-            if vocab is not None and vocab.digest not in self.vocabs_sent:
-                request = {**request, "vocab": vocab.job()}
-                self.vocabs_sent.add(vocab.digest)
-            self.send(request)
-            return self.read(timeout_s, _DOING.get(request.get("op", ""), "answer"))
+        once = (vocab.digest, {"vocab": vocab.job()}) if vocab is not None else None
+        return self.call(request, timeout_s, _DOING.get(request.get("op", ""), "answer"), once)
 
     def stubbed_dependencies(self) -> str:
         """The clause an error of this worker ends with when a dependency the release pins is stubbed here."""
@@ -158,30 +138,37 @@ def worker_for(engine: str, version: str, limits: WorkerLimits | None = None, *,
     worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=offline))
     worker.start()
     with _WORKERS_LOCK:
-        _WORKERS[spec] = worker
+        started = _WORKERS.setdefault(spec, worker)  # another thread may have started one meanwhile: that one
+        if started is not worker:
+            worker.stop()
+            _WORKERS.move_to_end(spec)
+            return started
         while len(_WORKERS) > limits.max_workers:
             _, oldest = _WORKERS.popitem(last=False)
             oldest.stop()
     return worker
 
 
-def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
+def spawn_workers(releases: Iterable[tuple[str, str]]) -> list[str]:
     """Start the workers of these (engine, version) releases without waiting for them: a release's imports take about
     a second, which then run beside the caller's own work (the matrix's templates and tokenizers) instead of before
     its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask) and
-    whose answers the result cache does not hold yet (a warm release would start a worker nobody asks)."""
+    whose answers the result cache does not hold yet (a warm release would start a worker nobody asks). The cold
+    releases: those of them whose answers the result cache does not hold (with or without a worker started now)."""
     limits = WorkerLimits.from_env()
     cache = result_cache() if persisted_results_enabled() else None
+    cold = []
     for engine, version in releases:
         spec = f"{engine}@{version}"
         if cache is not None and cache.holds_answers_of(spec):
             continue
-        with _WORKERS_LOCK:
-            if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
-                continue
         sources = fetch.cached_sources(spec)
         if sources is None:
             continue
+        cold.append(spec)
+        with _WORKERS_LOCK:
+            if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
+                continue
         worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=True))
         worker.spawn_release()
         with _WORKERS_LOCK:
@@ -189,6 +176,7 @@ def spawn_workers(releases: Iterable[tuple[str, str]]) -> None:
                 worker.stop()
             else:
                 _WORKERS[spec] = worker
+    return cold
 
 
 def _deterministic(reply: dict) -> bool:
