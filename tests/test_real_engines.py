@@ -128,14 +128,13 @@ def test_ci_sample_of_releases_loads_and_runs_the_golden_corpus():
 
 
 # The emulations' cited lines that the real release never executed on any golden case that cites them (tracer,
-# overlap check). SGLang 0.5.23's DeepSeek V4 parses are its own code now (deepseek_recipe.py), whose edits the tracer
-# reads off executed lines; the vLLM ones are listed for the emulation's maintainers.
+# overlap check), over the pairs each pinned release still emulates. SGLang 0.5.23's DeepSeek V4 parses are its own
+# code (deepseek_recipe.py), as are sglang@0.5.12's and vLLM 0.33.0's GLM, Kimi K2, DeepSeek and GPT-OSS pairs, whose
+# edits the tracer reads off executed lines (the deleted emulations had cited the six vLLM lines and 0.5.12's GLM one).
 STALE_CITATIONS = {
-    "sglang@0.5.12": {"sglang/srt/function_call/glm47_moe_detector.py:94-142"},
+    "sglang@0.5.12": set(),
     "sglang@0.5.23": {"sglang/srt/function_call/glm47_moe_detector.py:249-298"},
-    "vllm@0.33.0": {"vllm/parser/deepseek_v4.py:174-183", "vllm/parser/deepseek_v4.py:222-227",
-                    "vllm/parser/glm47_moe.py:172-175", "vllm/parser/kimi_k2.py:131-140",
-                    "vllm/parser/kimi_k2.py:64-67", "vllm/parser/kimi_k2.py:72-75"},
+    "vllm@0.33.0": set(),
 }
 
 

@@ -68,6 +68,12 @@ class _InjectedEngine:
     def __getattr__(self, name: str):
         return getattr(self._real, name)
 
+    def __setattr__(self, name: str, value) -> None:  # registry.real_twin sets the pair on the engine it returns
+        if name in ("_real", "_inject"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._real, name, value)
+
     def parse(self, *args, **kwargs):
         return self._inject(self._real.parse(*args, **kwargs))
 
@@ -81,8 +87,12 @@ def test_blame_names_the_injected_line(case: dict, tmp_path, monkeypatch) -> Non
     if "inject" in case:
         inject = getattr(injections, case["inject"])
         real_get_engine = engine.serving.registry.get_engine
+        real_release = engine.serving.registry.real_release
         monkeypatch.setattr(engine.serving.registry, "get_engine",
                             lambda spec: _InjectedEngine(real_get_engine(spec), inject))
+        # a pair the pinned release does not emulate runs its own code (registry.real_twin): injected there too
+        monkeypatch.setattr(engine.serving.registry, "real_release",
+                            lambda name, version: _InjectedEngine(real_release(name, version), inject))
         lines, first = inspect.getsourcelines(inject)
         path, line = injections.PATH, first + next(i for i, t in enumerate(lines) if t.strip().startswith("return "))
         injected = run_cell_with(model, scenario, case["engine"], kwargs, hints=False)
