@@ -346,10 +346,12 @@ def test_side_by_side_at_1280_px_with_uploads_tooltip_and_error_cell(page, app_u
         assert tooltip.inner_text() == "Qwen3.6 (Qwen/Qwen3.6-35B-A3B): template Qwen-Qwen3.6-35B-A3B.jinja"
         page.screenshot(path=str(SHOTS / "matrix-tooltip.png"))
         scenarios = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if p.stem not in LIBRARY_FILES)
-        # gpt-oss, SGLang 0.5.12 row (vLLM renders gpt-oss through openai-harmony, where this cell holds)
-        _click_cell(page, 2 * scenarios.index("reasoning-truncated") + 1, 8, index_width=240)
-        # the whole sglang@0.5.12 column of the 16 models is computed first
-        page.get_by_text("gpt-oss × reasoning-truncated × sglang@0.5.12: error").wait_for(timeout=400_000)
+        # An error cell: gpt-oss's template refuses the truncated turn as the client sent it (the raw column; SGLang
+        # 0.5.12's own request side leaves the turn renderable, and vLLM renders gpt-oss through openai-harmony)
+        page.goto(f"{app_url}/matrix?engine=raw")
+        page.get_by_text("cells in").first.wait_for()
+        _click_cell(page, scenarios.index("reasoning-truncated"), 8)
+        page.get_by_text("gpt-oss × reasoning-truncated × raw: error").wait_for(timeout=400_000)
         page.get_by_text("Why:").scroll_into_view_if_needed()
         page.get_by_role("link", name="openai-gpt-oss-120b.jinja:314").wait_for()
         page.screenshot(path=str(SHOTS / "error-cell.png"))
