@@ -22,11 +22,10 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edits
-from engine.serving.real.process import ROOT, JsonLineProcess
+from engine.serving.real.process import ROOT, PipelinedProcess
 from engine.types import Edit, Location
 
 PINNED = "1.110.2"
@@ -36,38 +35,32 @@ WORKER_STARTUP_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_STARTUP_TIMEOUT_S",
 WORKER_CALL_TIMEOUT_S = float(os.environ.get("DRIFT_PROXY_CALL_TIMEOUT_S", 60))
 
 
-class _Worker(JsonLineProcess):
+class _Worker(PipelinedProcess):
     """One sandboxed worker process for one LiteLLM release."""
 
     def __init__(self, version: str, root: Path) -> None:
-        super().__init__(f"LiteLLM {version}", WORKER_MEMORY_MB, LayerUnavailable)
+        super().__init__(f"LiteLLM {version}", WORKER_MEMORY_MB, LayerUnavailable, WORKER_STARTUP_TIMEOUT_S)
         self.version, self.root = version, root
-        self.lock = threading.Lock()
-        self.hello: dict = {}
-        self.start_s = 0.0
 
-    def start(self) -> None:
+    def respawn(self) -> None:
         from engine.serving.real.fetch import cache_dir
 
-        started = time.perf_counter()
         pycache = cache_dir() / "pycache" / f"litellm@{self.version}"
         pycache.mkdir(parents=True, exist_ok=True)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(pycache), "PYTHONPATH": str(ROOT),
                "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONHASHSEED": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                "LITELLM_LOG": "ERROR", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.spawn("engine.serving.proxies.litellm_worker", [str(self.root)], env, pycache)
-        self.hello = self.read(WORKER_STARTUP_TIMEOUT_S, "start")
-        self.start_s = time.perf_counter() - started
-        if not self.hello.get("ok"):
-            self.stop()
-            raise LayerUnavailable(f"LiteLLM {self.version} does not load here: {self.hello.get('error')}")
+
+    def hello_problem(self, hello: dict) -> str | None:
+        return None if hello.get("ok") else f"LiteLLM {self.version} does not load here: {hello.get('error')}"
+
+    def start(self) -> None:
+        self.respawn()
+        self.await_hello()
 
     def ask(self, job: dict) -> dict:
-        with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self.start()
-            self.send(job)
-            return self.read(WORKER_CALL_TIMEOUT_S, job["op"])
+        return self.call(job, WORKER_CALL_TIMEOUT_S, job["op"])
 
 
 _WORKERS: dict[str, _Worker] = {}

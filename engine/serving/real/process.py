@@ -18,7 +18,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -58,50 +57,6 @@ def sandboxed_process(module: str, args: list[str], env: dict[str, str], cwd: Pa
     finally:
         os.close(write_fd)
     return proc, read_fd
-
-
-class JsonLineProcess:
-    """The process half of a worker: spawned, read with a deadline, stopped. `label` names it in the sentence a
-    failure raises (`the vllm@0.33.0 worker did not parse within 20 s`); `failure` is that sentence's exception."""
-
-    def __init__(self, label: str, memory_mb: int, failure: type[Exception]) -> None:
-        self.label, self.memory_mb, self.failure = label, memory_mb, failure
-        self.proc: subprocess.Popen | None = None
-        self.replies: Any = None
-
-    def spawn(self, module: str, args: list[str], env: dict[str, str], cwd: Path) -> None:
-        """`python -m module args…` sandboxed, with `env` (plus the reply pipe's descriptor), from `cwd`."""
-        self.proc, read_fd = sandboxed_process(module, args, env, cwd, self.memory_mb)
-        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
-
-    def send(self, request: dict) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        # ASCII JSON: a lone surrogate in model text (invalid UTF-8 decoded with surrogateescape) travels as \udcff
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-
-    def read(self, timeout_s: float, what: str) -> dict:
-        """The next reply; `failure` in one sentence when none comes within `timeout_s` or the process exited."""
-        assert self.replies is not None
-        ready, _, _ = select.select([self.replies], [], [], timeout_s)
-        line = self.replies.readline() if ready else None
-        if not line:
-            code = self.stop()
-            reason = f"did not {what} within {timeout_s:.0f} s" if not ready else \
-                f"exited during {what} (status {code}; memory limit {self.memory_mb} MB)"
-            raise self.failure(f"the {self.label} worker {reason}")
-        return json.loads(line)
-
-    def stop(self) -> int | None:
-        proc, self.proc = self.proc, None
-        if self.replies is not None:
-            self.replies.close()
-            self.replies = None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.kill()
-        return proc.wait()
 
 
 @dataclass(eq=False)
