@@ -76,29 +76,47 @@ class Glue:
                 continue
         return {"tool_parsers": sorted(tools), "reasoning_parsers": sorted(reasoning or {})}
 
-    def serving(self, reasoning_parser: str | None, tool_parser: str | None, force_reasoning: bool,
-                tokenizer: Any) -> Any:
-        key = (reasoning_parser, tool_parser, force_reasoning)
+    def serving(self, job: dict, tokenizer: Any, *, force_reasoning: bool, content_format: str = "string",
+                hf_config: HfConfig | None = None) -> Any:
+        """The release's OpenAIServingChat for the job's parser pair, as a server launched with them would hold it:
+        built by its constructor once per pair, tokenizer and checkpoint config (`hf_config`: the architecture a
+        release picks its chat encoding by; None a generic one), then reused. What a request may differ in is set
+        from this job alone before each use (the template manager's force_reasoning and content format, the server's
+        default chat-template kwargs), so that an answer never depends on the jobs asked before it."""
+        pair = (job.get("reasoning_parser"), job.get("tool_parser"))
+        key = (*pair, id(tokenizer), (hf_config.model_type, *hf_config.architectures) if hf_config else None)
         if key not in self._servings:
-            # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
-            # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
-            self._servings.clear()
-            config = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
-            server_args = Permissive("server_args", **config, context_length=None, enable_custom_logit_processor=False,
-                                     tokenizer_worker_num=1, served_model_name="m")
-            model_config = Permissive("model_config", get_default_sampling_params=lambda: {},
-                                      hf_config=HfConfig("generic"), hf_text_config=HfConfig("generic"))
-            manager = Permissive("tokenizer_manager", server_args=server_args, tokenizer=tokenizer,
-                                 served_model_name="m", model_path="", model_config=model_config,
-                                 config_value=lambda name, default=None: config.get(name, default))
-            template = Permissive("template_manager", force_reasoning=force_reasoning, chat_template_name=None,
-                                  jinja_template_content_format="string")
-            serving = call_with(self.serving_module.OpenAIServingChat,
-                                {"tokenizer_manager": manager, "template_manager": template})
-            self._servings[key] = serving
+            if any(known[:2] != pair for known in self._servings):
+                # Built anew when the parser pair changes: releases keep parser state at class level (vLLM 0.20-0.24
+                # set _WrappedParser.reasoning_parser_cls in ParserManager.get_parser), one server being one pair.
+                self._servings.clear()
+            self._servings[key] = self._build_serving(*pair, tokenizer, hf_config or HfConfig("generic"))
         serving = self._servings[key]
-        serving.tokenizer_manager.tokenizer = tokenizer
+        object.__setattr__(serving, "template_manager", Permissive(
+            "template_manager", force_reasoning=force_reasoning, chat_template_name=None,
+            jinja_template_content_format=content_format))
+        if hasattr(serving, "default_chat_template_kwargs"):
+            # --default-chat-template-kwargs, which the release's _process_messages fills in under the request's own
+            # (its constructor reads them from server arguments this process does not have)
+            serving.default_chat_template_kwargs = dict(
+                (job.get("server") or {}).get("default-chat-template-kwargs") or {})
         return serving
+
+    def _build_serving(self, reasoning_parser: str | None, tool_parser: str | None, tokenizer: Any,
+                       hf_config: HfConfig) -> Any:
+        config = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
+        server_args = Permissive("server_args", **config, context_length=None, enable_custom_logit_processor=False,
+                                 tokenizer_worker_num=1, served_model_name="m",
+                                 get_hf_config=lambda: hf_config)  # 0.5.6's lookup
+        model_config = Permissive("model_config", get_default_sampling_params=lambda: {}, hf_config=hf_config,
+                                  hf_text_config=hf_config)
+        manager = Permissive("tokenizer_manager", server_args=server_args, tokenizer=tokenizer,
+                             served_model_name="m", model_path="", model_config=model_config,
+                             config_value=lambda name, default=None: config.get(name, default))
+        template = Permissive("template_manager", force_reasoning=True, chat_template_name=None,
+                              jinja_template_content_format="string")
+        return call_with(self.serving_module.OpenAIServingChat,
+                         {"tokenizer_manager": manager, "template_manager": template})
 
     def request(self, job: dict, stream: bool = False) -> Any:
         tools = job.get("tools") or None
@@ -117,8 +135,7 @@ class Glue:
     def parse(self, job: dict, tokenizer: Any) -> dict:
         if job.get("stream"):
             return self.parse_stream(job, tokenizer)
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
-                               bool(job.get("force_reasoning", True)), tokenizer)
+        serving = self.serving(job, tokenizer, force_reasoning=bool(job.get("force_reasoning", True)))
         request = self.request(job)
         ids = job["token_ids"] if job.get("token_ids") is not None else tokenizer.ids_for(job["chunks"])
         meta = _Result(id="chatcmpl-drift", finish_reason={"type": "stop", "matched": None}, prompt_tokens=1,
@@ -139,8 +156,7 @@ class Glue:
         through its own request path, `_process_messages` (its chat encodings, e.g. 0.5.23's deepseek-recipe for
         DeepSeek V4, or the Jinja template it was given): the prompt ids and their decoded text, or the sentence the
         server would answer 400 with."""
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
-                               bool(job.get("force_reasoning", True)), tokenizer)
+        serving = self.serving(job, tokenizer, force_reasoning=bool(job.get("force_reasoning", True)))
         try:
             request = self.protocol.ChatCompletionRequest(
                 messages=job["messages"], model="m", tools=job.get("tools") or None,
@@ -158,8 +174,7 @@ class Glue:
         far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
         import asyncio
 
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"),
-                               bool(job.get("force_reasoning", True)), tokenizer)
+        serving = self.serving(job, tokenizer, force_reasoning=bool(job.get("force_reasoning", True)))
         request = self.request(job, stream=True)
         chunks = job["chunks"]
         ids = [[i] for i in job["token_ids"]] if job.get("token_ids") is not None else \
@@ -198,32 +213,20 @@ class Glue:
         engine/render/deepseek_recipe.py)."""
         if "renderer" not in job:
             return self.render_prompt(job, tokenizer)
-        serving = self.serving(job.get("reasoning_parser"), job.get("tool_parser"), True, tokenizer)
         content_format = "string"
         if job.get("chat_template"):
             content_format = _template_utils().detect_jinja_template_content_format(job["chat_template"])
-        object.__setattr__(serving, "template_manager", Permissive(
-            "template_manager", force_reasoning=True, chat_template_name=None,
-            jinja_template_content_format=content_format))
         encoder_module = ENCODERS.get(job["renderer"])
+        hf_config = None
         if encoder_module is not None:  # the checkpoint's architecture, as the release picks its encoder by it
-            hf = HfConfig(job.get("model_type") or "generic")
-            hf.architectures = [ARCHITECTURES[job["renderer"]]]
-            object.__setattr__(serving.tokenizer_manager.model_config, "hf_config", hf)
-            object.__setattr__(serving.tokenizer_manager.server_args, "get_hf_config", lambda: hf)  # 0.5.6's lookup
-            if hasattr(serving, "_resolve_chat_encoding_spec"):
-                serving.chat_encoding_spec = serving._resolve_chat_encoding_spec()
-            elif hasattr(serving, "_use_dpsk_v32_encoding"):  # 0.5.6-0.5.11: V3 architecture, no chat template
-                serving.use_dpsk_v32_encoding = serving._use_dpsk_v32_encoding()
+            hf_config = HfConfig(job.get("model_type") or "generic")
+            hf_config.architectures = [ARCHITECTURES[job["renderer"]]]
+        serving = self.serving(job, tokenizer, force_reasoning=True, content_format=content_format,
+                               hf_config=hf_config)
         tools = job.get("tools") or None
         request = self.protocol.ChatCompletionRequest(
             messages=job["messages"], model="m", tools=tools, tool_choice="auto" if tools else "none",
             chat_template_kwargs=job.get("chat_template_kwargs") or None)
-        # --default-chat-template-kwargs: the server's defaults, which the release's _process_messages fills in under
-        # the request's own (its constructor reads them from the server arguments this process does not have).
-        if hasattr(serving, "default_chat_template_kwargs"):
-            serving.default_chat_template_kwargs = dict(
-                (job.get("server") or {}).get("default-chat-template-kwargs") or {})
         tokenizer.calls.clear()
         if encoder_module is not None:
             from engine.serving.real.encoder_trace import encoder_reply, recorded_calls
