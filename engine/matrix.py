@@ -30,9 +30,9 @@ def default_request() -> MatrixRequest:
     return MatrixRequest(tuple(default_model_ids()), tuple(scenario_ids()), ENGINES, {})
 
 
-# Threads that compute a matrix's cells together while a release it asks is cold (see run_matrix): two take the
-# serving columns' cells, one the others.
-COLD_THREADS = 3
+# At most this many threads compute a matrix's cells together while a release it asks is cold (see run_matrix): one
+# per release column and one for the other columns, as the default matrix has.
+MAX_COLD_THREADS = 3
 
 
 def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
@@ -47,21 +47,27 @@ def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResu
 
     if not cold:  # every answer read from the result cache: one thread, the cells are CPU alone
         return [compute(cell) for cell in cells]
-    # A cold release answers each job in its worker process, tens of ms of its own CPU. The cells of the vLLM and
-    # SGLang columns go in one lane, the others (which ask a release only for a fix hint) in another, each in the
-    # matrix's order, computed at once: while a cell waits for its answer, other cells render and tokenize (the
-    # workers take several cells' asks at once: process.PipelinedProcess). By lanes, not by interleaving models: a
-    # worker builds its serving objects for one parser pair at a time (glue_*.py Glue.serving), so a release asked
-    # for one model after another would rebuild them at every ask.
-    lanes = [[n for n, (_, _, e) in enumerate(cells) if _serving_column(e) is wanted] for wanted in (True, False)]
-    return in_threads(compute, cells, COLD_THREADS, lanes)
+    # A cold release answers each job in its worker process (one process per release, tens of ms of its CPU a job).
+    # One lane per release the columns ask, and one for the other columns (which ask a release only for a fix hint),
+    # each in the matrix's order and taken by a thread of its own: every worker then has a cell asking it while the
+    # other threads render and tokenize, and the parent's work and the workers' fill both cores (two threads on one
+    # serving lane made that release's worker the queue, 20-25 % slower cold). In the matrix's order, not by
+    # interleaving models: a worker builds its serving objects for one parser pair at a time (glue_*.py
+    # Glue.serving), so a release asked for one model after another would rebuild them at every ask.
+    releases = [_release_asked(engine) for _, _, engine in cells]
+    lanes = [lane for wanted in [*dict.fromkeys(r for r in releases if r is not None), None]
+             if (lane := [n for n, release in enumerate(releases) if release == wanted])]
+    return in_threads(compute, cells, min(len(lanes), MAX_COLD_THREADS), lanes)
 
 
-def _serving_column(engine: EngineSpec | str) -> bool:
+def _release_asked(engine: EngineSpec | str) -> str | None:
+    """The release whose worker a column's cells ask (`vllm@0.33.0` for any of its columns), None for raw, the
+    bridge, renderers and an engine name no registry knows (its cells say so)."""
     try:
-        return (parse_engine(engine) if isinstance(engine, str) else engine).is_serving_engine
-    except ValueError:  # an unknown engine: its cells say so
-        return False
+        spec = parse_engine(engine) if isinstance(engine, str) else engine
+    except ValueError:
+        return None
+    return spec.release if spec.is_serving_engine else None
 
 
 def in_threads(compute: Callable[[T], R], items: list[T], threads: int, lanes: list[list[int]]) -> list[R]:
