@@ -179,8 +179,9 @@ def test_releases_trace_where_cheap_and_cite_lines_they_executed():
 
 def test_a_traced_parse_is_the_same_in_a_fresh_worker_and_after_other_jobs(monkeypatch):
     """What a release does once per process (imports, parsers and regexes built for a tokenizer) is not in a trace:
-    the worker runs a traced job untraced first. A fresh worker's trace had 2,385 edits where one that had parsed
-    another text had 1,463, so a cause past the tracer's cap depended on which worker answered first."""
+    the worker runs a traced job untraced first, unless it ran that very job untraced before (a cell's parse, then
+    its break's). A fresh worker's trace had 2,385 edits where one that had parsed another text had 1,463, so a cause
+    past the tracer's cap depended on which worker answered first."""
     need("vllm@0.33.0")
     from engine.serving.real import backend
     from engine.serving.real.backend import AddedVocab, RealEngine
@@ -201,14 +202,18 @@ def test_a_traced_parse_is_the_same_in_a_fresh_worker_and_after_other_jobs(monke
         backend.stop_workers()
         traced("<think>other</think>plain answer")
         later_edits, later = traced(ANSWER_AROUND_CALL)
+        backend.stop_workers()
+        RealEngine("vllm", "0.33.0").parse(ANSWER_AROUND_CALL, reasoning_parser="qwen3", tool_parser="qwen3_coder",
+                                           tools=TOOLS, vocab=vocab, trace=False)  # the twin: no untraced run first
+        twin_edits, twin = traced(ANSWER_AROUND_CALL)
     finally:
         backend.stop_workers()
 
     def steps(trace: dict) -> list[tuple]:  # not the values: vLLM's random_uuid draws from os.urandom
         return [(e["file"], e["line"], e["variable"], e["kind"]) for e in trace["edits"]]
 
-    assert fresh_edits == later_edits and fresh_edits
-    assert (fresh["lines"], steps(fresh)) == (later["lines"], steps(later))
+    assert fresh_edits == later_edits == twin_edits and fresh_edits
+    assert (fresh["lines"], steps(fresh)) == (later["lines"], steps(later)) == (twin["lines"], steps(twin))
 
 
 def test_a_traced_parse_has_a_bound_of_its_own(monkeypatch):

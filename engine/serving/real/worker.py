@@ -163,6 +163,7 @@ class Worker:
         self.import_s = time.perf_counter() - started
         self.tokenizers: dict[tuple[str, bool], VocabTokenizer] = {}
         self.vocabs: dict[str, dict] = {}  # sha256 -> the vocabulary a job references (sent once, with a job)
+        self.answered: set[str] = set()  # the untraced jobs this process ran (as _untraced_twin writes them)
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
@@ -190,6 +191,16 @@ class Worker:
     def parse(self, job: dict) -> dict:
         return self.run_job(job, self.glue.parse)
 
+    def _warm(self, job: dict, step: Any, tokenizer: VocabTokenizer, seed: str) -> None:
+        random.seed(seed)
+        self.touches.armed = True
+        try:
+            step(job, tokenizer)
+        except Exception:  # noqa: BLE001 - the traced run after it reports it
+            pass
+        finally:
+            self.touches.armed = False
+
     def run_job(self, job: dict, step: Any) -> dict:
         digest = job["tokenizer"]["sha256"]
         if "vocab" in job:
@@ -209,22 +220,20 @@ class Worker:
         seed = json.dumps([job.get("text"), job.get("messages")], sort_keys=True)
         self.touches.names.clear()
         tracer = None
+        twin = _untraced_twin(job) if job.get("op") == "parse" else None
         if job.get("trace"):
             from engine.serving.real.tracer import Tracer
 
             # The job once untraced first: what the release does once per process or per tokenizer (imports, parser
             # classes and regexes built and cached, a vocabulary read) is then done before the tracer looks, so the
             # trace is the parse's own whichever jobs this worker answered before (a fresh worker's trace of vLLM
-            # 0.33.0's DeepSeek V4 parse had ~2x the executed lines and other edits past the tracer's cap).
-            random.seed(seed)
-            self.touches.armed = True
-            try:
-                step(job, tokenizer)
-            except Exception:  # noqa: BLE001 - the traced run below reports it
-                pass
-            finally:
-                self.touches.armed = False
+            # 0.33.0's DeepSeek V4 parse had ~2x the executed lines and other edits past the tracer's cap). Not when
+            # this process already ran that very job untraced (a cell's parse, then its break's traced one).
+            if twin not in self.answered:
+                self._warm(job, step, tokenizer, seed)
             tracer = Tracer(str(self.root), job.get("text"))
+        elif twin is not None:
+            self.answered.add(twin)
         random.seed(seed)
         started = time.perf_counter()
         self.touches.armed = True
@@ -250,6 +259,14 @@ class Worker:
         if tracer is not None:
             reply["trace"] = tracer.report(self.root, result if isinstance(result, dict) else None)
         return reply
+
+
+def _untraced_twin(job: dict) -> str:
+    """The digest of a parse job as asked untraced (everything but `trace`)."""
+    import hashlib
+
+    untraced = {k: v for k, v in job.items() if k != "trace"}
+    return hashlib.sha256(json.dumps(untraced, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def keep_compiled_patterns() -> None:
