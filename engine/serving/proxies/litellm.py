@@ -92,8 +92,18 @@ def _source_lines(path: Path) -> list[str]:
         return []
 
 
+@functools.cache  # once per process, as the release glue's fingerprint (results.glue_fingerprint)
 def _worker_source_sha256() -> str:
     return hashlib.sha256((Path(__file__).parent / "litellm_worker.py").read_bytes()).hexdigest()
+
+
+def answer_code(version: str) -> dict:
+    """What LiteLLM's answers depend on besides the job: the release's wheel, our worker's code, the interpreter."""
+    from engine.serving.real import fetch
+
+    spec = f"litellm@{version}"
+    return {"release": spec, "wheel": fetch.cached_wheel_sha256(spec), "worker": _worker_source_sha256(),
+            "python": sys.version}
 
 
 class LiteLLMProxy:
@@ -119,15 +129,14 @@ class LiteLLMProxy:
         return f"litellm {self.version}"
 
     def _ask(self, job: dict) -> dict:
-        from engine.serving.real import fetch
-        from engine.serving.real.results import persisted_results_enabled, result_cache
+        from engine.serving.real.results import FingerprintFolder, persisted_results_enabled, result_cache
 
-        spec = f"litellm@{self.version}"
         cache = result_cache() if persisted_results_enabled() else None
-        key = hashlib.sha256(json.dumps({"release": spec, "wheel": fetch.cached_wheel_sha256(spec),
-                                         "worker": _worker_source_sha256(), "python": sys.version, "job": job},
-                                        ensure_ascii=True, separators=(",", ":")).encode()).hexdigest()
-        reply = cache.get(spec, key) if cache is not None else None
+        code = answer_code(self.version)
+        folder = FingerprintFolder.of(code["release"], code)
+        key = hashlib.sha256(json.dumps({**code, "job": job}, ensure_ascii=True,
+                                        separators=(",", ":")).encode()).hexdigest()
+        reply = cache.get(folder, key) if cache is not None else None
         if reply is not None:
             return reply
         with _WORKERS_LOCK:
@@ -139,7 +148,7 @@ class LiteLLMProxy:
             where = f" at {reply['where']}" if reply.get("where") else ""
             raise LayerUnavailable(f"LiteLLM {self.version} refuses the request{where}: {reply.get('error')}")
         if cache is not None:
-            cache.put(spec, key, reply)
+            cache.put(folder, key, reply)
         return reply
 
     def _location(self, lines: list[list], field: str) -> Location:
