@@ -1,10 +1,11 @@
 """The result cache's folders per code fingerprint (engine/serving/real/results.py): answers no current code can read
 (another fingerprint's, the flat layout's) are pruned, the current fingerprint's and the most recently used others'
-kept, also while other threads write and prune; a torn entry is still rejected. Every cache here is a folder of
-tmp_path, never the engine cache's."""
+kept, also while other threads write and prune; a torn entry is still rejected; `python -m engine cache` reports and
+prunes. Every cache here is a folder of tmp_path, never the engine cache's."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.cause_store import STORE, cause_folder
+from engine.cli import main
 from engine.serving.real.results import FLAT, TRASH, FingerprintFolder, ResultCache
 
 DAY = 86_400
@@ -177,3 +179,43 @@ def test_two_processes_of_two_codes_writing_and_pruning_at_once_lose_none_of_the
     for folder in branches:
         assert _answers(tmp_path, folder, answers) == [_reply(n) for n in range(answers)]
     assert list((tmp_path / "results" / TRASH).iterdir()) == []
+
+
+def test_the_cache_command_reports_each_spec_and_prunes_what_no_current_code_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DRIFT_RESULT_CACHE_DIR", str(tmp_path / "results"))
+    current = cause_folder()
+    _store(tmp_path, current, 2)
+    _store(tmp_path, _older("a day old"), 1, age_days=1)
+    _store(tmp_path, _older("two days old"), 1, age_days=2)
+    _flat_entry(tmp_path, STORE, "ef" + "0" * 62)
+    _flat_entry(tmp_path, "vllm@0.0.1", "12" + "0" * 62)  # a release not in the engine cache: no fingerprint here
+
+    def size(*parts: str) -> int:
+        return sum(p.stat().st_size for p in (tmp_path / "results").joinpath(*parts).rglob("*.json"))
+
+    order = [current.fingerprint, _older("a day old").fingerprint, _older("two days old").fingerprint]
+    sizes = {name: size(STORE, name) for name in order} | {FLAT: size(STORE, "ef")}
+    release_flat = size("vllm@0.0.1")
+
+    def folder(name: str) -> dict:
+        return {"fingerprint": name, "answers": 2 if name == current.fingerprint else 1, "bytes": sizes[name]}
+
+    assert main(["cache", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"folder": str(tmp_path / "results"), "pruned": False, "specs": [
+        {"spec": STORE, "current": current.fingerprint, "kept": [folder(n) for n in [*order, FLAT]], "removed": [],
+         "answers": 5, "bytes": sum(sizes.values())},
+        {"spec": "vllm@0.0.1", "current": None, "kept": [{"fingerprint": FLAT, "answers": 1, "bytes": release_flat}],
+         "removed": [], "answers": 1, "bytes": release_flat}]}
+
+    assert main(["cache", "--prune"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kept = sizes[current.fingerprint] + sizes[order[1]]
+    assert lines[1:] == [
+        f"{STORE}: 3 answers, {kept:,} B; kept: {current.fingerprint} (current) 2 answers "
+        f"{sizes[current.fingerprint]:,} B, {order[1]} 1 answers {sizes[order[1]]:,} B; removed: {order[2]} 1 answers "
+        f"{sizes[order[2]]:,} B, the flat layout 1 answers {sizes[FLAT]:,} B",
+        f"vllm@0.0.1: 0 answers, 0 B; current: not known here; removed: the flat layout 1 answers {release_flat:,} B",
+        f"in all: {kept:,} B kept, {sizes[order[2]] + sizes[FLAT] + release_flat:,} B removed"]
+    assert _folders(tmp_path, STORE) == sorted(order[:2])

@@ -23,10 +23,14 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edits
 from engine.serving.real.process import ROOT, PipelinedProcess
 from engine.types import Edit, Location
+
+if TYPE_CHECKING:
+    from engine.serving.real.results import FingerprintFolder
 
 PINNED = "1.110.2"
 STRIPPING = "1.104.9"  # the last release whose hosted_vllm drops every assistant message's reasoning_content
@@ -104,6 +108,14 @@ def answer_code(version: str) -> dict:
     spec = f"litellm@{version}"
     return {"release": spec, "wheel": fetch.cached_wheel_sha256(spec), "worker": _worker_source_sha256(),
             "python": sys.version}
+
+
+def answer_folder(version: str) -> FingerprintFolder:
+    """Where the result cache keeps the answers of this release under today's code (results.FingerprintFolder)."""
+    from engine.serving.real.results import FingerprintFolder
+
+    code = answer_code(version)
+    return FingerprintFolder.of(code["release"], code)
 
 
 class LiteLLMProxy:

@@ -166,6 +166,33 @@ def _verified_reply(raw: bytes, key: str) -> dict | None:
 FLAT = "flat"  # how a prune names the flat layout's folders among those it removed
 
 
+@dataclass(frozen=True)
+class FolderSize:
+    """The answers one fingerprint's folder of a spec holds (FLAT: the flat layout's folders together)."""
+
+    fingerprint: str
+    answers: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class SpecReport:
+    """One spec's answers on disk: what is kept, most recently used first, and what a prune removed."""
+
+    spec: str
+    current: str | None  # the fingerprint this code reads, when it can be told here
+    kept: tuple[FolderSize, ...]
+    removed: tuple[FolderSize, ...] = ()
+
+    @property
+    def answers(self) -> int:
+        return sum(f.answers for f in self.kept)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.kept)
+
+
 class ResultCache:
     """Answers by key: memory first, then the files under `folder` (checked by hash on every read)."""
 
@@ -251,6 +278,13 @@ class ResultCache:
         with self.lock:
             self.memory.clear()
 
+    def specs(self) -> list[str]:
+        """The specs that have a folder here."""
+        try:
+            return sorted(p.name for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return []
+
     def _folders(self, spec: str) -> tuple[list[str], list[str]]:
         """`spec`'s fingerprint folders, most recently used first, and its flat layout's folders."""
         dated, flat = [], []
@@ -306,6 +340,30 @@ class ResultCache:
             return
         for path in left:
             shutil.rmtree(path, ignore_errors=True)
+
+    def report(self, spec: str, current: str | None = None, *, prune: bool = False,
+               keep: int = KEEP_FINGERPRINTS) -> SpecReport:
+        """What `spec`'s folders hold (answers and bytes per fingerprint), and what a prune then removed when
+        asked for one."""
+        fingerprints, flat = self._folders(spec)
+        sizes = [_size(fingerprint, [self.folder / spec / fingerprint]) for fingerprint in fingerprints]
+        if flat:
+            sizes.append(_size(FLAT, [self.folder / spec / name for name in flat]))
+        removed = set(self.prune(spec, current, keep)) if prune else set()
+        return SpecReport(spec, current, tuple(s for s in sizes if s.fingerprint not in removed),
+                          tuple(s for s in sizes if s.fingerprint in removed))
+
+
+def _size(fingerprint: str, folders: list[Path]) -> FolderSize:
+    answers = size = 0
+    for folder in folders:
+        for path in folder.rglob("*.json"):
+            try:
+                size += path.stat().st_size
+            except OSError:
+                continue
+            answers += 1
+    return FolderSize(fingerprint, answers, size)
 
 
 _CACHES: dict[Path, ResultCache] = {}
