@@ -1,6 +1,7 @@
 """Causes kept across runs: a broken cell's cause, found by re-running the cell with each candidate change undone
-(engine.blame), stored in the engine cache's result store (engine.serving.real.results, under `causes/`) and read back
-when the same cell breaks the same way again.
+(engine.blame), stored in the engine cache's result store (engine.serving.real.results, under
+`causes/<fingerprint>/`, the fingerprint of `code_fingerprint()`) and read back when the same cell breaks the same way
+again.
 
 The key covers everything the search reads: the explorer's own code and data (every module of `engine`, the model
 manifests, the installed packages' versions), the model's assets by hash and where they came from, the scenario, the
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.scenario import Scenario
-from engine.serving.real.results import hash_files, persisted_results_enabled, result_cache
+from engine.serving.real.results import FingerprintFolder, hash_files, persisted_results_enabled, result_cache
 from engine.serving.spec import EngineSpec
 from engine.types import Boundary, Cause, Contrast, Edit, Fix, Location
 
@@ -77,13 +78,20 @@ def cause_key(model: Any, scenario: Scenario, engine: EngineSpec, user_kwargs: d
     return digest.hexdigest()
 
 
+@functools.cache
+def cause_folder() -> FingerprintFolder:
+    """Where this code's causes are kept (results/causes/<fingerprint>/): another code's are pruned as a release's
+    answers of another glue are (ResultCache.prune)."""
+    return FingerprintFolder.of(STORE, {"code": code_fingerprint()})
+
+
 def stored_cause(key: str) -> Cause | None:
-    entry = result_cache().get(STORE, key)
+    entry = result_cache().get(cause_folder(), key)
     return cause_from_json(entry["cause"]) if entry is not None else None
 
 
 def store_cause(key: str, cause: Cause) -> None:
-    result_cache().put(STORE, key, {"cause": cause_to_json(cause)})
+    result_cache().put(cause_folder(), key, {"cause": cause_to_json(cause)})
 
 
 def cause_to_json(cause: Cause) -> dict:

@@ -388,6 +388,75 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _current_fingerprint(spec: str) -> str | None:
+    """The fingerprint under which this code reads `spec`'s answers (None: a release not in the engine cache)."""
+    from engine.cause_store import STORE, cause_folder
+    from engine.serving.proxies.litellm import answer_folder
+    from engine.serving.real.backend import release_dependencies
+    from engine.serving.real.fetch import ENGINES, cached_sources
+    from engine.serving.real.results import release_fingerprint
+
+    engine, _, version = spec.partition("@")
+    if spec == STORE:
+        return cause_folder().fingerprint
+    if engine == "litellm" and version:
+        return answer_folder(version).fingerprint
+    if engine not in ENGINES or not version:
+        return None
+    try:
+        if cached_sources(spec) is None:  # no fingerprint: its answers cannot be read before a fetch
+            return None
+        fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=True))
+    except ExplorerError:  # not a release's name
+        return None
+    return fingerprint.folder.fingerprint if fingerprint is not None else None
+
+
+def _size_text(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:,} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from engine.serving.real.results import FLAT, KEEP_FINGERPRINTS, FolderSize, result_cache
+
+    keep = KEEP_FINGERPRINTS if args.keep is None else args.keep
+    if keep < 1:
+        raise ExplorerError(f"--keep must be at least 1 (the current fingerprint), got {keep}")
+    cache = result_cache()
+    reports = [cache.report(spec, _current_fingerprint(spec), prune=args.prune, keep=keep) for spec in cache.specs()]
+    if args.json:
+        _write_json({"folder": str(cache.folder), "pruned": args.prune,
+                     "specs": [{**dataclasses.asdict(r), "answers": r.answers, "bytes": r.bytes} for r in reports]},
+                    args.json)
+    if args.json == "-":
+        return 0
+    print(f"result cache: {cache.folder}")
+
+    def folders(sizes: tuple[FolderSize, ...], current: str | None) -> str:
+        return ", ".join(f"{'the flat layout' if f.fingerprint == FLAT else f.fingerprint}"
+                         f"{' (current)' if f.fingerprint == current else ''} {f.answers:,} answers "
+                         f"{_size_text(f.bytes)}" for f in sizes)
+
+    for r in reports:
+        line = f"{r.spec}: {r.answers:,} answers, {_size_text(r.bytes)}"
+        if r.kept:
+            line += f"; kept: {folders(r.kept, r.current)}"
+        if r.current not in {f.fingerprint for f in r.kept}:
+            line += f"; current {r.current}: none" if r.current else "; current: not known here"
+        if r.removed:
+            line += f"; removed: {folders(r.removed, None)}"
+        print(line)
+    kept = sum(r.bytes for r in reports)
+    removed = sum(f.bytes for r in reports for f in r.removed)
+    print(f"in all: {_size_text(kept)} kept" + (f", {_size_text(removed)} removed" if args.prune else
+                                                 " (--prune removes the answers no current code reads)"))
+    return 0
+
+
 def cmd_parse(args: argparse.Namespace) -> int:
     from engine.models import load_spec
     from engine.serving.registry import for_parsers, get_engine
@@ -750,6 +819,15 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--session-idle", type=float, default=300.0, metavar="S", help="seconds after which a "
                        "silent session's state goes to disk (its next request takes it back; default 300)")
     watch.set_defaults(func=cmd_watch)
+
+    cache = sub.add_parser("cache", help="the result cache of the releases' answers and proved causes: what each "
+                           "spec holds per code fingerprint; --prune removes what no current code reads")
+    cache.add_argument("--prune", action="store_true", help="remove every spec's folders of other fingerprints but "
+                       "the most recently used (the flat layout's too)")
+    cache.add_argument("--keep", type=int, metavar="N", help="fingerprints kept per spec, the current one included "
+                       "(default 2: the current one and the one used before it)")
+    cache.add_argument("--json", metavar="PATH|-")
+    cache.set_defaults(func=cmd_cache)
     return parser
 
 

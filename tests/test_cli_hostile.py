@@ -2,7 +2,7 @@
 exit code (README: 0 holds, 1 breaks / no longer matches, 2 bad input), never a traceback, well under 15 s.
 
 The trace reader (`python -m engine trace`) is fed every malformed sample of samples/traces/malformed/, /dev/zero
-and a missing file. EVERY_COMMAND holds malformed input for each of the thirteen commands (`python -m engine --help`),
+and a missing file. EVERY_COMMAND holds malformed input for each of the fourteen commands (`python -m engine --help`),
 argparse's own refusals included.
 Each case runs `engine.cli.main` in this process (a process start per case would cost seconds); one case per
 command also runs as a real subprocess to prove what a shell sees.
@@ -306,7 +306,8 @@ NOT_A_VERSION = "is not a version as PyPI lists it (digits and dots, e.g. 0.10.0
 EVERY_COMMAND = [
     ("no-command", [], "the following arguments are required: command"),
     ("unknown-command", ["nosuch"], "argument command: invalid choice: 'nosuch' (choose from 'render', 'session', "
-     "'matrix', 'export', 'replay', 'check', 'zoo', 'parse', 'timeline', 'bench', 'fuzz', 'trace', 'watch')"),
+     "'matrix', 'export', 'replay', 'check', 'zoo', 'parse', 'timeline', 'bench', 'fuzz', 'trace', 'watch', "
+     "'cache')"),
     ("render-no-arguments", ["render"], "the following arguments are required: --model, --messages"),
     ("render-kwarg-type", ["render", "--model", "qwen3.5", "--messages", "{messages}", "--kwargs",
                            "enable_thinking=maybe"],
@@ -411,6 +412,9 @@ EVERY_COMMAND = [
                         "{watched}"], "records.jsonl already holds a watched run: move it away, or name another --out"),
     ("watch-out-file", ["watch", "--upstream", "http://localhost:8000/v1", "--model", "qwen3.5", "--out", "{text}"],
      "cannot be made a folder"),
+    ("cache-keep-zero", ["cache", "--prune", "--keep", "0"],
+     "--keep must be at least 1 (the current fingerprint), got 0"),
+    ("cache-keep-text", ["cache", "--keep", "two"], "argument --keep: invalid int value: 'two'"),
 ]
 
 
@@ -433,7 +437,7 @@ def test_every_command_is_in_the_table():
 
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     covered = {argv[0] for _, argv, _ in EVERY_COMMAND if argv and argv[0] in commands}
-    assert covered == set(commands) and len(commands) == 13
+    assert covered == set(commands) and len(commands) == 14
 
 
 @pytest.mark.parametrize("argv,expected", [c[1:] for c in EVERY_COMMAND], ids=[c[0] for c in EVERY_COMMAND])

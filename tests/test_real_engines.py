@@ -320,11 +320,14 @@ def test_vllm_reads_mistral_v11_calls_with_the_hub_tokenizer_from_0_20_0(capsys)
 def test_a_spawned_worker_loads_while_the_caller_works_and_answers_its_first_ask(monkeypatch, tmp_path):
     need("sglang@0.5.5")
     from engine.serving.real import backend
+    from engine.serving.real.results import release_fingerprint
 
     backend.stop_workers()
     # Its answers held in the result cache: a warm release starts no worker
     monkeypatch.setenv("DRIFT_RESULT_CACHE_DIR", str(tmp_path / "warm"))
-    backend.result_cache().put("sglang@0.5.5", "0" * 64, {"ok": True})
+    fingerprint = release_fingerprint("sglang@0.5.5", backend.release_dependencies("sglang", "0.5.5", offline=True))
+    assert fingerprint is not None
+    backend.result_cache().put(fingerprint.folder, "0" * 64, {"ok": True})
     backend.spawn_workers([("sglang", "0.5.5")])
     assert "sglang@0.5.5" not in backend._WORKERS
     monkeypatch.setenv("DRIFT_RESULT_CACHE_DIR", str(tmp_path / "cold"))  # an empty result cache: a cold release

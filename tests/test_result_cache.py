@@ -11,7 +11,7 @@ import pytest
 from conftest import require_release as need
 
 from engine.serving.real import backend
-from engine.serving.real.results import ResultCache, release_fingerprint
+from engine.serving.real.results import FingerprintFolder, ResultCache, release_fingerprint
 
 pytestmark = pytest.mark.real_engine
 
@@ -45,6 +45,14 @@ def _entries(cache: ResultCache) -> list[Path]:
     return sorted(cache.folder.rglob("*.json"))
 
 
+def _current(spec: str) -> FingerprintFolder:
+    """Where this code keeps the release's answers (its wheel, dependencies and the glue's fingerprint)."""
+    engine, _, version = spec.partition("@")
+    fingerprint = release_fingerprint(spec, backend.release_dependencies(engine, version, offline=True))
+    assert fingerprint is not None
+    return fingerprint.folder
+
+
 def test_a_second_ask_reads_the_answer_and_starts_no_worker(cache: ResultCache) -> None:
     need("sglang@0.5.23")
     engine = backend.RealEngine("sglang", "0.5.23")
@@ -52,7 +60,8 @@ def test_a_second_ask_reads_the_answer_and_starts_no_worker(cache: ResultCache) 
     assert (first.reasoning, first.content) == ("\nhmm\n", "\n\nSure.\n")  # 0.5.23 keeps them verbatim
     assert [(c.name, c.arguments) for c in first.tool_calls] == [("get_weather", '{"city": "Paris", "days": 3}')]
     [entry] = _entries(cache)
-    assert entry.parent.parent.name == "sglang@0.5.23"
+    current = _current("sglang@0.5.23")
+    assert entry.parent.parent == cache.folder / "sglang@0.5.23" / current.fingerprint
     backend.stop_workers()
     cache.clear_memory()
     again = _parse(engine)
@@ -112,3 +121,27 @@ def test_a_worker_that_cannot_answer_leaves_nothing(cache: ResultCache, monkeypa
     backend.stop_workers()
     assert _parse(backend.RealEngine("sglang", "0.5.23")).content == "\n\nSure.\n"
     assert len(_entries(cache)) == 1
+
+
+def test_only_answers_of_the_current_fingerprint_make_a_release_warm(cache: ResultCache,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    need("sglang@0.5.23")
+    backend.stop_workers()
+    spec, current = "sglang@0.5.23", _current("sglang@0.5.23")
+    # What an older glue answered, in its own folder, and an answer of the flat layout before fingerprint folders
+    flat = cache.folder / spec / "22" / f"{'2' * 64}.json"
+    flat.parent.mkdir(parents=True)
+    flat.write_bytes(b'{"key":"' + b"2" * 64 + b'","sha256":"","reply":{}}')
+    older = FingerprintFolder.of(spec, {"glue": "an older glue"})
+    cache.put(older, "1" * 64, {"ok": True, "result": {"content": "an older glue's answer"}})
+    cache.pruning[spec].join()  # the first use of the spec's folders pruned the flat layout away
+    assert not flat.parent.exists()
+    assert not cache.holds_answers_of(current)
+    monkeypatch.setenv("DRIFT_ENGINE_MAX_WORKERS", "0")  # the cold list alone, no worker started
+    assert backend.spawn_workers([("sglang", "0.5.23")]) == [spec]
+    monkeypatch.delenv("DRIFT_ENGINE_MAX_WORKERS")
+    assert _parse(backend.RealEngine("sglang", "0.5.23")).content == "\n\nSure.\n"  # asked, kept under current
+    assert cache.holds_answers_of(current)
+    assert backend.spawn_workers([("sglang", "0.5.23")]) == []  # warm: no worker started ahead
+    assert sorted(p.name for p in (cache.folder / spec).iterdir()) == sorted([older.fingerprint, current.fingerprint])
+    backend.stop_workers()

@@ -23,10 +23,14 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.serving.proxies.base import Forwarded, LayerUnavailable, message_edits
 from engine.serving.real.process import ROOT, PipelinedProcess
 from engine.types import Edit, Location
+
+if TYPE_CHECKING:
+    from engine.serving.real.results import FingerprintFolder
 
 PINNED = "1.110.2"
 STRIPPING = "1.104.9"  # the last release whose hosted_vllm drops every assistant message's reasoning_content
@@ -92,8 +96,26 @@ def _source_lines(path: Path) -> list[str]:
         return []
 
 
+@functools.cache  # once per process, as the release glue's fingerprint (results.glue_fingerprint)
 def _worker_source_sha256() -> str:
     return hashlib.sha256((Path(__file__).parent / "litellm_worker.py").read_bytes()).hexdigest()
+
+
+def answer_code(version: str) -> dict:
+    """What LiteLLM's answers depend on besides the job: the release's wheel, our worker's code, the interpreter."""
+    from engine.serving.real import fetch
+
+    spec = f"litellm@{version}"
+    return {"release": spec, "wheel": fetch.cached_wheel_sha256(spec), "worker": _worker_source_sha256(),
+            "python": sys.version}
+
+
+def answer_folder(version: str) -> FingerprintFolder:
+    """Where the result cache keeps the answers of this release under today's code (results.FingerprintFolder)."""
+    from engine.serving.real.results import FingerprintFolder
+
+    code = answer_code(version)
+    return FingerprintFolder.of(code["release"], code)
 
 
 class LiteLLMProxy:
@@ -119,15 +141,14 @@ class LiteLLMProxy:
         return f"litellm {self.version}"
 
     def _ask(self, job: dict) -> dict:
-        from engine.serving.real import fetch
-        from engine.serving.real.results import persisted_results_enabled, result_cache
+        from engine.serving.real.results import FingerprintFolder, persisted_results_enabled, result_cache
 
-        spec = f"litellm@{self.version}"
         cache = result_cache() if persisted_results_enabled() else None
-        key = hashlib.sha256(json.dumps({"release": spec, "wheel": fetch.cached_wheel_sha256(spec),
-                                         "worker": _worker_source_sha256(), "python": sys.version, "job": job},
-                                        ensure_ascii=True, separators=(",", ":")).encode()).hexdigest()
-        reply = cache.get(spec, key) if cache is not None else None
+        code = answer_code(self.version)
+        folder = FingerprintFolder.of(code["release"], code)
+        key = hashlib.sha256(json.dumps({**code, "job": job}, ensure_ascii=True,
+                                        separators=(",", ":")).encode()).hexdigest()
+        reply = cache.get(folder, key) if cache is not None else None
         if reply is not None:
             return reply
         with _WORKERS_LOCK:
@@ -139,7 +160,7 @@ class LiteLLMProxy:
             where = f" at {reply['where']}" if reply.get("where") else ""
             raise LayerUnavailable(f"LiteLLM {self.version} refuses the request{where}: {reply.get('error')}")
         if cache is not None:
-            cache.put(spec, key, reply)
+            cache.put(folder, key, reply)
         return reply
 
     def _location(self, lines: list[list], field: str) -> Location:

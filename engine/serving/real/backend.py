@@ -32,7 +32,7 @@ from engine.errors import ExplorerError, RenderError
 from engine.serving.base import EngineEmulation, RequestPrep, default_chunks
 from engine.serving.real import fetch
 from engine.serving.real.process import ROOT, PipelinedProcess
-from engine.serving.real.results import persisted_results_enabled, release_fingerprint, result_cache
+from engine.serving.real.results import FingerprintFolder, persisted_results_enabled, release_fingerprint, result_cache
 from engine.types import Edit, Location, ParseResult, ToolCall
 
 HARMONY_PARSERS = frozenset({"openai_gptoss", "openai", "gpt-oss", "gpt_oss"})
@@ -153,23 +153,26 @@ def spawn_workers(releases: Iterable[tuple[str, str]]) -> list[str]:
     """Start the workers of these (engine, version) releases without waiting for them: a release's imports take about
     a second, which then run beside the caller's own work (the matrix's templates and tokenizers) instead of before
     its first ask. Only releases whose sources are in the engine cache (a fetch is a download, left to that ask) and
-    whose answers the result cache does not hold yet (a warm release would start a worker nobody asks). The cold
-    releases: those of them whose answers the result cache does not hold (with or without a worker started now)."""
+    whose answers the result cache does not hold yet (a warm release would start a worker nobody asks; answers of
+    another fingerprint, an older glue or wheel, do not count). The cold releases: those of them whose answers the
+    result cache does not hold (with or without a worker started now)."""
     limits = WorkerLimits.from_env()
     cache = result_cache() if persisted_results_enabled() else None
     cold = []
     for engine, version in releases:
         spec = f"{engine}@{version}"
-        if cache is not None and cache.holds_answers_of(spec):
-            continue
         sources = fetch.cached_sources(spec)
         if sources is None:
+            continue
+        dependencies = release_dependencies(engine, version, offline=True)
+        fingerprint = release_fingerprint(spec, dependencies)
+        if cache is not None and fingerprint is not None and cache.holds_answers_of(fingerprint.folder):
             continue
         cold.append(spec)
         with _WORKERS_LOCK:
             if spec in _WORKERS or len(_WORKERS) >= limits.max_workers:
                 continue
-        worker = Worker(engine, version, sources.root, limits, release_dependencies(engine, version, offline=True))
+        worker = Worker(engine, version, sources.root, limits, dependencies)
         worker.spawn_release()
         with _WORKERS_LOCK:
             if spec in _WORKERS:  # another thread started one meanwhile
@@ -196,20 +199,20 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
     spec = f"{engine}@{version}"
     cache = result_cache() if persisted_results_enabled() else None
 
-    def key_of_job() -> str | None:  # None while the release's sources are not in the engine cache
+    def stored_under() -> tuple[FingerprintFolder, str] | None:  # None while the sources are not in the engine cache
         fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=offline))
-        return fingerprint.key(job) if fingerprint is not None else None
+        return (fingerprint.folder, fingerprint.key(job)) if fingerprint is not None else None
 
-    key = key_of_job() if cache is not None else None
-    if cache is not None and key is not None:
-        reply = cache.get(spec, key)
+    where = stored_under() if cache is not None else None
+    if cache is not None and where is not None:
+        reply = cache.get(*where)
         if reply is not None:
             return reply
     reply = worker_for(engine, version, offline=offline).ask(job, timeout_s, vocab)
     if cache is not None and _deterministic(reply):
-        key = key or key_of_job()  # the sources may have been fetched just now
-        if key is not None:
-            cache.put(spec, key, reply)
+        where = where or stored_under()  # the sources may have been fetched just now
+        if where is not None:
+            cache.put(*where, reply)
     return reply
 
 

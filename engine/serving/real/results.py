@@ -7,11 +7,19 @@ matrix starts no worker at all.
 
 Layout, beside the sources in the engine cache (`fetch.cache_dir()`):
 
-    results/<engine>@<version>/<key[:2]>/<key>.json   {"key": key, "sha256": of the reply's bytes, "reply": {...}}
+    results/<spec>/<fingerprint>/<key[:2]>/<key>.json   {"key": key, "sha256": of the reply's bytes, "reply": {...}}
 
+`<spec>` is `<engine>@<version>` (or `causes`, engine/cause_store.py); `<fingerprint>` is 16 hex digits of the hash
+of the code the answers came from (the release's wheel, its real dependencies, the glue: `ReleaseFingerprint.folder`).
 An entry whose key or sha256 does not match what it holds (a torn write, a tampered file) is not trusted: it is
 deleted and the job asked again. Only what the release's code answered (a result, or its own refusal of the job) is
 kept; a worker that hung, crashed, ran out of memory or could not start leaves nothing behind.
+
+Answers of another fingerprint can never be read again by this code, so they are pruned (`ResultCache.prune`): the
+first time a process reads or writes a spec's answers, a daemon thread removes that spec's folders of other
+fingerprints but the most recently used (KEEP_FINGERPRINTS), and the folders of the older flat layout
+(`<spec>/<key[:2]>/`). A folder is first renamed into `results/.trash/` and deleted there, so that no reader ever
+sees half of one.
 """
 
 from __future__ import annotations
@@ -20,8 +28,11 @@ import functools
 import hashlib
 import json
 import os
+import re
+import shutil
 import sys
 import threading
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +42,14 @@ from engine.serving.real import fetch
 
 # In-memory answers kept per process, most recently used last (a default matrix asks about 1,200 distinct jobs).
 MEMORY_ENTRIES = 20_000
+# Fingerprints of one spec kept on disk: the current one and the one used before it, so that a developer switching
+# between two branches (or a branch and main) that change the glue finds both warm. A third is an edit ago, and one
+# fingerprint of vllm@0.33.0 holds hundreds of MB.
+KEEP_FINGERPRINTS = 2
+FINGERPRINT_CHARS = 16  # of a folder's name: a key inside still hashes the whole fingerprint
+_FINGERPRINT_NAME = re.compile(f"[0-9a-f]{{{FINGERPRINT_CHARS}}}")
+_FLAT_LAYOUT_NAME = re.compile("[0-9a-f]{2}")  # results/<spec>/<key[:2]>/, before answers were kept by fingerprint
+TRASH = ".trash"
 
 
 def _canonical(data: Any) -> bytes:
@@ -62,6 +81,19 @@ def hash_files(digest: Any, paths: list[Path]) -> None:
 
 
 @dataclass(frozen=True)
+class FingerprintFolder:
+    """Where the answers of one spec made by one version of the code live: results/<spec>/<fingerprint>/."""
+
+    spec: str  # engine@version, or a store's name (causes)
+    fingerprint: str  # FINGERPRINT_CHARS hex digits
+
+    @classmethod
+    def of(cls, spec: str, code: dict) -> FingerprintFolder:
+        """The folder of `spec`'s answers made by the code `code` describes (hashes, versions)."""
+        return cls(spec, hashlib.sha256(_canonical(code)).hexdigest()[:FINGERPRINT_CHARS])
+
+
+@dataclass(frozen=True)
 class ReleaseFingerprint:
     """What identifies the code a release's answer came from."""
 
@@ -76,12 +108,26 @@ class ReleaseFingerprint:
         digest.update(_canonical(job) + b"}")
         return digest.hexdigest()
 
+    @property
+    def folder(self) -> FingerprintFolder:
+        """The folder of the answers this fingerprint's code gives (the key's head: release, wheel, dependencies,
+        glue)."""
+        return _folder(self)
+
+
+def _head(fingerprint: ReleaseFingerprint) -> dict:
+    return {"release": fingerprint.spec, "wheel": fingerprint.wheel_sha256,
+            "dependencies": list(fingerprint.dependencies), "glue": glue_fingerprint()}
+
 
 @functools.lru_cache(maxsize=64)
 def _head_digest(fingerprint: ReleaseFingerprint) -> Any:
-    head = _canonical({"release": fingerprint.spec, "wheel": fingerprint.wheel_sha256,
-                       "dependencies": list(fingerprint.dependencies), "glue": glue_fingerprint()})
-    return hashlib.sha256(head[:-1] + b',"job":')
+    return hashlib.sha256(_canonical(_head(fingerprint))[:-1] + b',"job":')
+
+
+@functools.lru_cache(maxsize=64)
+def _folder(fingerprint: ReleaseFingerprint) -> FingerprintFolder:  # asked at every ask of a release
+    return FingerprintFolder.of(fingerprint.spec, _head(fingerprint))
 
 
 def release_fingerprint(spec: str, dependencies: fetch.Dependencies) -> ReleaseFingerprint | None:
@@ -117,6 +163,36 @@ def _verified_reply(raw: bytes, key: str) -> dict | None:
     return reply if isinstance(reply, dict) else None
 
 
+FLAT = "flat"  # how a prune names the flat layout's folders among those it removed
+
+
+@dataclass(frozen=True)
+class FolderSize:
+    """The answers one fingerprint's folder of a spec holds (FLAT: the flat layout's folders together)."""
+
+    fingerprint: str
+    answers: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class SpecReport:
+    """One spec's answers on disk: what is kept, most recently used first, and what a prune removed."""
+
+    spec: str
+    current: str | None  # the fingerprint this code reads, when it can be told here
+    kept: tuple[FolderSize, ...]
+    removed: tuple[FolderSize, ...] = ()
+
+    @property
+    def answers(self) -> int:
+        return sum(f.answers for f in self.kept)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.kept)
+
+
 class ResultCache:
     """Answers by key: memory first, then the files under `folder` (checked by hash on every read)."""
 
@@ -125,18 +201,21 @@ class ResultCache:
         self.memory: OrderedDict[str, dict] = OrderedDict()
         self.lock = threading.Lock()
         self.hits = self.misses = self.rejected = 0
+        self.used: set[FingerprintFolder] = set()  # by this process: its prunes keep them
+        self.pruning: dict[str, threading.Thread] = {}  # spec -> the prune its first use started
 
-    def _path(self, spec: str, key: str) -> Path:
-        return self.folder / spec / key[:2] / f"{key}.json"
+    def _path(self, folder: FingerprintFolder, key: str) -> Path:
+        return self.folder / folder.spec / folder.fingerprint / key[:2] / f"{key}.json"
 
-    def get(self, spec: str, key: str) -> dict | None:
+    def get(self, folder: FingerprintFolder, key: str) -> dict | None:
         with self.lock:
             reply = self.memory.get(key)
             if reply is not None:
                 self.memory.move_to_end(key)
                 self.hits += 1
                 return reply
-        path = self._path(spec, key)
+        self._use(folder)
+        path = self._path(folder, key)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -154,19 +233,39 @@ class ResultCache:
         self.hits += 1
         return reply
 
-    def holds_answers_of(self, spec: str) -> bool:
-        """Whether any answer of `spec` is stored (a warm release: a run asks its worker little or nothing)."""
+    def holds_answers_of(self, folder: FingerprintFolder) -> bool:
+        """Whether any answer of this fingerprint is stored (a warm release: a run asks its worker little or
+        nothing). Answers of another fingerprint do not count: this code never reads them."""
         try:
-            return any((self.folder / spec).iterdir())
+            return any((self.folder / folder.spec / folder.fingerprint).iterdir())
         except OSError:
             return False
 
-    def put(self, spec: str, key: str, reply: dict) -> None:
+    def put(self, folder: FingerprintFolder, key: str, reply: dict) -> None:
         self._remember(key, reply)
+        self._use(folder)
         try:
-            fetch.write_atomic(self._path(spec, key), _entry(key, _canonical(reply)))
+            fetch.write_atomic(self._path(folder, key), _entry(key, _canonical(reply)))
         except OSError:
             pass  # a read-only or full cache only costs the next run a worker call
+
+    def _use(self, folder: FingerprintFolder) -> None:
+        """The first use of a folder in this process marks it recently used (its mtime: the prunes of other
+        processes keep the most recently used fingerprints), and the first of its spec prunes the spec's other
+        folders in a thread of its own, beside the asks (a prune may delete folders of thousands of files; one that
+        the process's end stops half-way leaves its rest in the trash, emptied by the next prune)."""
+        with self.lock:
+            if folder in self.used:
+                return
+            self.used.add(folder)
+            if folder.spec not in self.pruning:
+                self.pruning[folder.spec] = threading.Thread(target=self.prune, args=(folder.spec,), daemon=True,
+                                                             name=f"prune {folder.spec}")
+                self.pruning[folder.spec].start()
+        try:
+            os.utime(self.folder / folder.spec / folder.fingerprint)
+        except OSError:
+            pass  # not written yet: its first write makes it
 
     def _remember(self, key: str, reply: dict) -> None:
         with self.lock:
@@ -178,6 +277,93 @@ class ResultCache:
     def clear_memory(self) -> None:
         with self.lock:
             self.memory.clear()
+
+    def specs(self) -> list[str]:
+        """The specs that have a folder here."""
+        try:
+            return sorted(p.name for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return []
+
+    def _folders(self, spec: str) -> tuple[list[str], list[str]]:
+        """`spec`'s fingerprint folders, most recently used first, and its flat layout's folders."""
+        dated, flat = [], []
+        try:
+            entries = list(os.scandir(self.folder / spec))
+        except OSError:
+            return [], []
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if _FINGERPRINT_NAME.fullmatch(entry.name):
+                    dated.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.name))
+                elif _FLAT_LAYOUT_NAME.fullmatch(entry.name):
+                    flat.append(entry.name)
+            except OSError:  # renamed away meanwhile
+                continue
+        return [name for _, name in sorted(dated, reverse=True)], flat
+
+    def prune(self, spec: str, current: str | None = None, keep: int = KEEP_FINGERPRINTS) -> list[str]:
+        """Remove `spec`'s folders that no code in use reads: every fingerprint's but `current`'s, those this
+        process used and the most recently used others (`keep` in all), and the flat layout's. The fingerprints
+        removed (FLAT for the flat layout)."""
+        with self.lock:
+            kept = {f.fingerprint for f in self.used if f.spec == spec}
+        if current is not None:
+            kept.add(current)
+        fingerprints, flat = self._folders(spec)
+        others = [name for name in fingerprints if name not in kept]
+        removed = [name for name in others[max(0, keep - len(kept)):] if self._discard(spec, name)]
+        if [name for name in flat if self._discard(spec, name)]:
+            removed.append(FLAT)
+        self._empty_trash()
+        return removed
+
+    def _discard(self, spec: str, name: str) -> bool:
+        """Rename results/<spec>/<name> into the trash (at once: a reader finds it whole or not at all), then
+        delete it there. False when it is gone already (another process's prune)."""
+        trash = self.folder / TRASH / f"{spec}-{name}-{uuid.uuid4().hex}"
+        try:
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            (self.folder / spec / name).rename(trash)
+        except OSError:
+            return False
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def _empty_trash(self) -> None:
+        """What a prune that was stopped half-way (its process ended) left in the trash."""
+        try:
+            left = list((self.folder / TRASH).iterdir())
+        except OSError:
+            return
+        for path in left:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def report(self, spec: str, current: str | None = None, *, prune: bool = False,
+               keep: int = KEEP_FINGERPRINTS) -> SpecReport:
+        """What `spec`'s folders hold (answers and bytes per fingerprint), and what a prune then removed when
+        asked for one."""
+        fingerprints, flat = self._folders(spec)
+        sizes = [_size(fingerprint, [self.folder / spec / fingerprint]) for fingerprint in fingerprints]
+        if flat:
+            sizes.append(_size(FLAT, [self.folder / spec / name for name in flat]))
+        removed = set(self.prune(spec, current, keep)) if prune else set()
+        return SpecReport(spec, current, tuple(s for s in sizes if s.fingerprint not in removed),
+                          tuple(s for s in sizes if s.fingerprint in removed))
+
+
+def _size(fingerprint: str, folders: list[Path]) -> FolderSize:
+    answers = size = 0
+    for folder in folders:
+        for path in folder.rglob("*.json"):
+            try:
+                size += path.stat().st_size
+            except OSError:
+                continue
+            answers += 1
+    return FolderSize(fingerprint, answers, size)
 
 
 _CACHES: dict[Path, ResultCache] = {}
