@@ -151,6 +151,27 @@ def test_a_process_that_does_not_load_fails_every_request_queued_on_it(tmp_path)
     broken.stop()
 
 
+class FailedByItsReader(Echo):
+    """A respawn that returns only once the reader has failed the process it started (a worker that exits at once,
+    read before the caller reads the new process back)."""
+
+    def respawn(self) -> None:
+        super().respawn()
+        with self._state:
+            started = self._generation
+        assert started is not None
+        started.greeted.wait(CONDITION_TIMEOUT_S)
+        assert started.closed
+
+
+def test_a_process_that_fails_before_its_caller_looks_is_that_requests_sentence(tmp_path):
+    (tmp_path / "echo_worker.py").write_text(ECHO_WORKER)
+    broken = FailedByItsReader(tmp_path, "broken")
+    with pytest.raises(EchoFailure, match=r"^echo does not load: ImportError: no such release$"):
+        broken.ask("echo", 1)
+    broken.stop()
+
+
 def test_the_reply_reader_thread_ends_with_its_process(echo):
     echo.ask("echo", 0)
     readers = [t for t in threading.enumerate() if t.name == "echo replies"]

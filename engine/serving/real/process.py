@@ -107,6 +107,7 @@ class PipelinedProcess:
         self.hello: dict = {}  # the current process's hello, once a caller has waited for it
         self.start_s = 0.0
         self._generation: _Generation | None = None
+        self._spawned: _Generation | None = None  # the last process started, even one that failed at once
         self._state = threading.Condition()  # guards the generation and its queue
         self._send_lock = threading.Lock()  # requests are written in the order they are queued
 
@@ -124,6 +125,7 @@ class PipelinedProcess:
         generation = _Generation(proc, fd, time.monotonic())
         with self._state:
             previous, self._generation, self.proc, self.hello = self._generation, generation, proc, {}
+            self._spawned = generation
         if previous is not None:
             self._close(previous)
         threading.Thread(target=self._read_replies, args=(generation,), name=f"{self.label} replies",
@@ -166,7 +168,9 @@ class PipelinedProcess:
         if generation is None or generation.closed or generation.proc.poll() is not None:
             self.respawn()
             with self._state:
-                generation = self._generation
+                # the one just started: its reader may already have failed it and cleared _generation (a process
+                # that exits at once), and its requests then get that failure's sentence
+                generation = self._spawned
             assert generation is not None
         return generation
 
@@ -176,8 +180,11 @@ class PipelinedProcess:
             generation = self._live_generation()
             pending = PendingReply(what, timeout_s, time.monotonic())
             with self._state:
-                if generation.closed:  # failed meanwhile: to a fresh process
-                    pending.resend = True
+                if generation.closed:  # failed meanwhile: to a fresh process, or its sentence if it never started
+                    if generation.error is not None:
+                        pending.error = generation.error
+                    else:
+                        pending.resend = True
                     pending.done.set()
                     return pending, generation
                 if once is not None and once[0] not in generation.sent:
@@ -269,16 +276,16 @@ class PipelinedProcess:
 
     def _fail(self, generation: _Generation, sentence: str, what: str) -> None:
         """Kill the process: the request it was on (every request, when it failed to start) gets `sentence`."""
+        error = self.failure(sentence)
         with self._state:
             generation.closed = True
+            if what == "start":  # set with `closed`: a request queued from now on gets this sentence (_submit)
+                generation.error = error
             failed = list(generation.pending)
             generation.pending.clear()
             if self._generation is generation:
                 self._generation, self.proc = None, None
         self._close(generation)
-        error = self.failure(sentence)
-        if what == "start":
-            generation.error = error
         generation.greeted.set()
         for position, pending in enumerate(failed):
             if position == 0 or what == "start":
