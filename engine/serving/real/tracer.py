@@ -66,7 +66,7 @@ class Tracer:
             key = id(frame)
             previous = self._last.get(key)
             now = self._snapshot(frame)
-            if previous is not None:
+            if previous is not None and not _unchanged(now, previous[1]):
                 line, before = previous
                 for name, value in now.items():
                     old = before.get(name, _MISSING)
@@ -157,3 +157,17 @@ def answer_edits(edits: list[dict], result: dict) -> list[dict]:
 
 _MISSING = object()
 _TRACKED = (str, type(None), list, dict, tuple)  # the values whose edits are recorded: text, or what holds text
+
+
+def _unchanged(now: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether a frame's locals are the ones of its previous line, compared in C (on most lines nothing changed, and
+    the loop over every local in `_local` was most of a traced parse's cost). Equal values record no edit there
+    either: an edit needs a string that differs, or a value that was or became None, or a type change of a string
+    (equal values of different types are only a str subclass's). A value whose == raises (an array) is compared
+    local by local."""
+    if len(now) != len(before):
+        return False
+    try:
+        return now == before
+    except Exception:  # noqa: BLE001 - an object's own __eq__ refused
+        return False
