@@ -388,30 +388,6 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _current_fingerprint(spec: str) -> str | None:
-    """The fingerprint under which this code reads `spec`'s answers (None: a release not in the engine cache)."""
-    from engine.cause_store import STORE, cause_folder
-    from engine.serving.proxies.litellm import answer_folder
-    from engine.serving.real.backend import release_dependencies
-    from engine.serving.real.fetch import ENGINES, cached_sources
-    from engine.serving.real.results import release_fingerprint
-
-    engine, _, version = spec.partition("@")
-    if spec == STORE:
-        return cause_folder().fingerprint
-    if engine == "litellm" and version:
-        return answer_folder(version).fingerprint
-    if engine not in ENGINES or not version:
-        return None
-    try:
-        if cached_sources(spec) is None:  # no fingerprint: its answers cannot be read before a fetch
-            return None
-        fingerprint = release_fingerprint(spec, release_dependencies(engine, version, offline=True))
-    except ExplorerError:  # not a release's name
-        return None
-    return fingerprint.folder.fingerprint if fingerprint is not None else None
-
-
 def _size_text(size: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000 or unit == "GB":
@@ -421,13 +397,11 @@ def _size_text(size: int) -> str:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from engine.cache_report import spec_reports
     from engine.serving.real.results import FLAT, KEEP_FINGERPRINTS, FolderSize, result_cache
 
-    keep = KEEP_FINGERPRINTS if args.keep is None else args.keep
-    if keep < 1:
-        raise ExplorerError(f"--keep must be at least 1 (the current fingerprint), got {keep}")
     cache = result_cache()
-    reports = [cache.report(spec, _current_fingerprint(spec), prune=args.prune, keep=keep) for spec in cache.specs()]
+    reports = spec_reports(cache, prune=args.prune, keep=KEEP_FINGERPRINTS if args.keep is None else args.keep)
     if args.json:
         _write_json({"folder": str(cache.folder), "pruned": args.prune,
                      "specs": [{**dataclasses.asdict(r), "answers": r.answers, "bytes": r.bytes} for r in reports]},
