@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ORDINARY_TOKEN_ID = 11
+MAX_ANSWERED = 100_000  # untraced parse jobs a worker remembers (a digest each) to skip a traced twin's warm-up
 
 
 class VocabTokenizer:
@@ -233,6 +234,8 @@ class Worker:
                 self._warm(job, step, tokenizer, seed)
             tracer = Tracer(str(self.root), job.get("text"))
         elif twin is not None:
+            if len(self.answered) >= MAX_ANSWERED:  # a long-lived worker (the app's): a warm-up more, not memory
+                self.answered.clear()
             self.answered.add(twin)
         random.seed(seed)
         started = time.perf_counter()
