@@ -59,10 +59,6 @@ class _Worker(PipelinedProcess):
     def hello_problem(self, hello: dict) -> str | None:
         return None if hello.get("ok") else f"LiteLLM {self.version} does not load here: {hello.get('error')}"
 
-    def start(self) -> None:
-        self.respawn()
-        self.await_hello()
-
     def ask(self, job: dict) -> dict:
         return self.call(job, WORKER_CALL_TIMEOUT_S, job["op"])
 

@@ -71,10 +71,6 @@ class Worker(PipelinedProcess):
         self.engine, self.version, self.root, self.limits = engine, version, root, limits
         self.dependencies = dependencies or fetch.Dependencies({}, {})
 
-    def start(self) -> None:
-        self.spawn_release()
-        self.await_hello()
-
     def respawn(self) -> None:
         self.spawn_release()
 

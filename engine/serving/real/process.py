@@ -115,6 +115,11 @@ class PipelinedProcess:
         """Start the process anew (`spawn` with its arguments); called when a request finds none alive."""
         raise NotImplementedError
 
+    def start(self) -> None:
+        """Start the process and wait until it has loaded; `failure` in one sentence when it does not."""
+        self.respawn()
+        self.await_hello()
+
     def hello_problem(self, hello: dict) -> str | None:
         """The sentence why the process that said `hello` cannot serve, else None."""
         return None if hello.get("ok") else f"{self.label} does not load: {hello.get('error')}"
