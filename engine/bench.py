@@ -30,7 +30,7 @@ from engine.models import LoadedModel, load_model, load_spec, special_token_vars
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
-from engine.watch.overhead import watch_text
+from engine.watch.overhead import BUSY_SERVER, UpstreamPacing, watch_overhead, watch_text
 
 
 @dataclass
@@ -659,6 +659,7 @@ def _progress(message: str) -> None:
 def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: bool = True,
               long_session_calls: tuple[int, ...] = LONG_SESSION_CALLS,
               long_session_models: tuple[str, ...] = LONG_SESSION_MODELS, watch_sessions: int = 0,
+              watch_pacing: UpstreamPacing = BUSY_SERVER,
               progress: Callable[[str], None] = _progress) -> BenchReport:
     request = request or default_request()
     models = request.models
@@ -803,7 +804,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     long_conversations = long_conversation_tokenization(long_model, repeat=repeat) if long_model else {}
     sessions = long_session(long_session_models, long_session_calls, progress, repeat=repeat) \
         if long_session_calls else {}
-    watch = watch_section(watch_sessions, progress) if watch_sessions else {}
+    watch = watch_section(watch_sessions, progress, watch_pacing) if watch_sessions else {}
     return BenchReport(
         date=datetime.date.today().isoformat(),
         machine=machine_name(),
@@ -860,13 +861,12 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     )
 
 
-def watch_section(sessions: int, progress: Callable[[str], None] = _progress) -> dict[str, Any]:
+def watch_section(sessions: int, progress: Callable[[str], None] = _progress,
+                  pacing: UpstreamPacing = BUSY_SERVER) -> dict[str, Any]:
     """engine.watch.overhead: the watch against its upstream direct, in one run; a failure is the section's note."""
-    from engine.watch.overhead import watch_overhead
-
     progress(f"watch: {sessions} concurrent sessions, direct and through the watch")
     try:
-        return watch_overhead(sessions)
+        return watch_overhead(sessions, pacing=pacing)
     except (OSError, RuntimeError) as err:
         return {"sessions": sessions, "error": f"the watch section did not run: {err}"}
 

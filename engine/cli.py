@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -516,11 +517,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ExplorerError(f"bench: --watch-sessions must be a positive whole number or none, got "
                             f"{args.watch_sessions!r}")
     watch_sessions = 0 if args.watch_sessions == "none" else int(args.watch_sessions)
+    pacing_ms = _split(args.watch_pacing) or []
+    if len(pacing_ms) != 2 or not all(re.fullmatch(r"\d+(\.\d+)?", ms) for ms in pacing_ms):
+        raise ExplorerError(f"bench: --watch-pacing takes two numbers of milliseconds (to the first token, then "
+                            f"between tokens), got {args.watch_pacing!r}")
+    from engine.watch.overhead import UpstreamPacing, watch_text
+
+    pacing = UpstreamPacing(first_token_s=float(pacing_ms[0]) / 1000, token_s=float(pacing_ms[1]) / 1000)
     if args.only_watch:
         from engine.bench import watch_section
-        from engine.watch.overhead import watch_text
 
-        section = watch_section(watch_sessions or 200)
+        section = watch_section(watch_sessions or 200, pacing=pacing)
         if args.json:
             _write_json({"watch": section}, args.json)
         if args.json != "-":
@@ -529,7 +536,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(request, repeat=args.repeat, naive=not args.no_naive,
                        long_session_calls=tuple(int(n) for n in calls_given),
                        long_session_models=tuple(_split(args.long_session_models) or ()),
-                       watch_sessions=watch_sessions)
+                       watch_sessions=watch_sessions, watch_pacing=pacing)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -745,6 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--long-session-models", default="qwen3.6,glm-5.1", metavar="M,M")
     bench.add_argument("--watch-sessions", default="200", metavar="N|none", help="concurrent sessions of the watch "
                        "section: the drift watch against its upstream direct (default 200; none skips it)")
+    bench.add_argument("--watch-pacing", default="100,20", metavar="MS,MS", help="the watch section's upstream: "
+                       "milliseconds to the first token, then per token (default 100,20: a busy model server)")
     bench.add_argument("--only-watch", action="store_true", help="run the watch section alone")
     bench.add_argument("--json", metavar="PATH|-")
     bench.set_defaults(func=cmd_bench)

@@ -122,8 +122,8 @@ def test_bad_input_is_one_sentence(argv: list[str], message: str, capsys) -> Non
 def test_bench_json_contract() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "engine", "bench", "--models", "qwen3.5", "--scenarios", "tool-call,no-tools-next-user",
-         "--repeat", "1", "--long-session-calls", "2,4,8", "--long-session-models", "qwen3.5", "--watch-sessions", "4",
-         "--json", "-"],
+         "--repeat", "1", "--long-session-calls", "2,8", "--long-session-models", "qwen3.5", "--watch-sessions", "4",
+         "--watch-pacing", "10,2", "--json", "-"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)  # a bound, however loaded
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -150,9 +150,9 @@ def test_bench_json_contract() -> None:
     assert stats["segment_hits"] > stats["segment_misses"]
     # Long sessions: one point per (model, calls), each from a fresh process, and the growth exponents.
     sessions = data["long_session"]
-    assert (sessions["models"], sessions["calls"]) == (["qwen3.5"], [2, 4, 8])
+    assert (sessions["models"], sessions["calls"]) == (["qwen3.5"], [2, 8])
     assert [(p["model"], p["calls"], p["requests"]) for p in sessions["points"]] == [
-        ("qwen3.5", 2, 3), ("qwen3.5", 4, 5), ("qwen3.5", 8, 9)]
+        ("qwen3.5", 2, 3), ("qwen3.5", 8, 9)]
     script = session_from_json(long_session_script(8), "bench")
     assert sessions["points"][-1]["last_prompt_tokens"] == \
         simulate_session(load_model("qwen3.5"), script).rows[-1].prompt_tokens
@@ -184,12 +184,16 @@ def test_bench_json_contract() -> None:
     assert watch["pairs"] == sum(v for (_, r), v in requests.items() if r > 0)  # round 0 warms up
     assert watch["recorded"] == watch["analysed"] + watch["analysis_queued_at_end"] == sum(requests.values())
     assert (watch["bodies_differ"], watch["statuses"], watch["dropped"]) == (0, ["200/200"], 0)
+    assert watch["upstream_pacing"] == {"first_token_s": 0.01, "token_s": 0.002}
 
 
 def test_bench_long_session_calls_are_checked(capsys) -> None:
     assert main(["bench", "--long-session-calls", "50,x"]) == 2
     assert capsys.readouterr().err == \
         "error: bench: --long-session-calls must be positive whole numbers or none, got '50,x'\n"
+    assert main(["bench", "--watch-pacing", "100"]) == 2
+    assert capsys.readouterr().err == "error: bench: --watch-pacing takes two numbers of milliseconds (to the first " \
+        "token, then between tokens), got '100'\n"
 
 
 def test_growth_exponent() -> None:

@@ -33,6 +33,7 @@ benchmarks that interleave direct and proxied requests in one run rather than me
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -51,9 +52,20 @@ from engine.watch.upstream import recorded_sessions, session_request
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SAMPLE = ROOT / "samples" / "traces" / "openai.jsonl"
-# A model server's pace at a few hundred concurrent streams: about 100 ms to the first token of a ~1k-token prompt
-# whose prefix is cached, then a decode step every 20 ms (50 tokens a second per stream).
-FIRST_TOKEN_S, TOKEN_S = 0.1, 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class UpstreamPacing:
+    """How fast the bench's upstream streams. The default is a model server's pace at a few hundred concurrent
+    streams: about 100 ms to the first token of a ~1k-token prompt whose prefix is cached, then a decode step every
+    20 ms (50 tokens a second per stream)."""
+
+    first_token_s: float = 0.1
+    token_s: float = 0.02
+
+
+BUSY_SERVER = UpstreamPacing()
+
 BOUND_S = 600.0  # a bound for a hang, not a speed
 DRAIN_BOUND_S = 300.0  # how long the section waits for the analysis to catch up after the load
 
@@ -292,7 +304,7 @@ def _run_load(direct_port: int, watch_port: int, sessions: int, rounds: int, env
 
 
 def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5", engine: str = "vllm@0.33.0",
-                   first_token_s: float = FIRST_TOKEN_S, token_s: float = TOKEN_S) -> dict[str, Any]:
+                   pacing: UpstreamPacing = BUSY_SERVER) -> dict[str, Any]:
     up_port, watch_port = _free_port(), _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # Each of the three as a program of its own (a server, the watch, the clients), each in a session of its own: with
@@ -301,7 +313,7 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
     quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
              "start_new_session": True}
     upstream = subprocess.Popen([sys.executable, "-m", "engine.watch.upstream", str(SAMPLE), str(up_port),
-                                 str(first_token_s), str(token_s)], **quiet)
+                                 str(pacing.first_token_s), str(pacing.token_s)], **quiet)
     out = tempfile.mkdtemp(prefix="drift-watch-bench-")
     watch = subprocess.Popen([sys.executable, "-m", "engine", "watch", "--upstream", f"http://127.0.0.1:{up_port}/v1",
                               "--model", model, "--engine", engine, "--port", str(watch_port), "--out", out,
@@ -340,7 +352,7 @@ def watch_overhead(sessions: int = 200, rounds: int = 3, model: str = "qwen3.5",
         events = sum(p[8] for p in pairs)
         return {
             "sessions": sessions, "rounds": rounds, "warmup_rounds": 1, "pairs": len(measured),
-            "stream": True, "upstream_pacing": {"first_token_s": first_token_s, "token_s": token_s},
+            "stream": True, "upstream_pacing": dataclasses.asdict(pacing),
             "events_per_request": round(events / len(pairs), 1),
             "added_ttfb_ms": _distribution_ms([p[3] - p[1] for p in measured]),
             "added_total_ms": _distribution_ms([p[4] - p[2] for p in measured]),
