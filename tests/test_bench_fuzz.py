@@ -16,7 +16,7 @@ import pytest
 from engine.bench import growth_exponent, long_session_script
 from engine.cli import main
 from engine.fuzz import FuzzOutcome, random_scenario, run_fuzz, summarize, wilson
-from engine.models import default_model_ids, load_model, load_spec
+from engine.models import load_model, load_spec
 from engine.scenario import scenario_ids
 from engine.session import session_from_json, simulate_session
 from engine.simulate import run_cell_with
@@ -203,9 +203,11 @@ def test_growth_exponent() -> None:
 
 
 def test_app_bench_json_contract(tmp_path) -> None:
-    # One pinned release (the default times two, four fresh processes): the same code, the same figures per release.
+    # One pinned release (the default has two) and two models (the default all of them): the same code, the same
+    # figures per release and model.
+    models = ["qwen3.6", "llama-3.1"]
     result = subprocess.run([sys.executable, "benchmarks/app_bench.py", "--repeat", "1", "--pinned-releases",
-                             "sglang@0.5.12", "--json", "-"], cwd=ROOT,
+                             "sglang@0.5.12", "--models", ",".join(models), "--json", "-"], cwd=ROOT,
                             capture_output=True, text=True, timeout=900,  # a bound, however loaded
                             env={**os.environ, "DRIFT_WORKSPACE": str(tmp_path / "workspace")})
     assert result.returncode == 0, result.stderr
@@ -213,14 +215,16 @@ def test_app_bench_json_contract(tmp_path) -> None:
     for key in ("first_view_s", "rerun_median_ms", "toggle_median_ms", "toggle_max_ms", "select_cell_median_ms",
                 "peak_rss_mb"):
         assert isinstance(data[key], float) and data[key] > 0, key
-    cells = len(default_model_ids()) * len(scenario_ids())
+    assert data["models"] == models
+    cells = len(models) * len(scenario_ids())
     assert data["first_view_caption"].startswith(f"{cells} cells in ")
-    toggled = [m for m in default_model_ids() if any(isinstance(k.default, bool) for k in load_spec(m).template_kwargs)]
+    toggled = [m for m in models if any(isinstance(k.default, bool) for k in load_spec(m).template_kwargs)]
+    assert len(toggled) == 2
     assert [k.split(":")[0] for k in data["toggle_ms_by_kwarg"]] == toggled
     assert data["toggle_cached_runs"] == len(toggled)  # one cycle: the flip back
     assert isinstance(data["toggle_cached_median_ms"], float)
     assert "missing ScriptRunContext" not in result.stderr
-    # A fresh server's first view of the pinned column, with the result cache and without: the whole matrix each time.
+    # A fresh server's first view of the pinned column, with the result cache and without: all the cells each time.
     assert list(data["pinned"]) == ["sglang@0.5.12 with_cache", "sglang@0.5.12 without_cache"]
     for view in data["pinned"].values():
         assert isinstance(view["seconds"], float) and view["seconds"] > 0
