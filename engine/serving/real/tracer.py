@@ -32,11 +32,10 @@ class Tracer:
     def __init__(self, root: str, text: str | None = None) -> None:
         self.root = root
         self.text = text or ""
-        self.lines: set[tuple[str, int]] = set()
+        self._lines: dict[str, set[int]] = {}  # file -> its executed lines
         self.edits: deque[dict] = deque(maxlen=MAX_EDITS)
         self.field_edits: list[dict] = []
         self._count = 0
-        self._last: dict[int, tuple[int, dict[str, Any]]] = {}
 
     def _record(self, edit: dict) -> None:
         edit["seq"] = self._count
@@ -56,43 +55,56 @@ class Tracer:
         width = min(16, len(value))
         return any(value[i:i + width] in self.text for i in (0, (len(value) - width) // 2, len(value) - width))
 
-    def _snapshot(self, frame) -> dict[str, Any]:
-        # Every local, copied whole (C speed); the kinds of value the edits are about are told apart only where a
-        # local changed (`_TRACKED`), which on most lines is none.
-        return dict(frame.f_locals)
+    def _frame_tracer(self, code) -> Any:
+        """The trace function of one frame of `code`. It keeps the frame's locals as of the last change it saw and
+        the line that ran last: on most lines nothing changed, and then the frame's (live) locals compare equal to
+        that copy, in C, and nothing is copied."""
+        add_line = self._lines.setdefault(code.co_filename, set()).add
+        edits_of = self._edits_of
+        held: dict[str, Any] | None = None  # a copy of the frame's locals, as of the last change seen
+        line = 0  # the line that ran last
 
-    def _local(self, frame, event: str, arg: Any):
-        if event in ("line", "return"):
-            key = id(frame)
-            previous = self._last.get(key)
-            now = self._snapshot(frame)
-            if previous is not None and not _unchanged(now, previous[1]):
-                line, before = previous
-                for name, value in now.items():
-                    old = before.get(name, _MISSING)
-                    if old is value or not isinstance(value, _TRACKED):
-                        continue
-                    if not isinstance(old, _TRACKED):
-                        old = _MISSING
-                    if isinstance(value, str) and value and (old is _MISSING or old is None):
-                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                      "before": None, "after": value[:200], "kind": "set"})
-                    elif old is _MISSING:
-                        continue
-                    elif isinstance(value, str) and isinstance(old, str) and old != value:
-                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                      "before": old[:200], "after": value[:200], "kind": "string"})
-                    elif type(old) is not type(value) and (old is None or value is None or isinstance(old, str)):
-                        self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
-                                      "before": repr(old)[:200], "after": repr(value)[:200], "kind": "type"})
+        def trace(frame, event: str, arg: Any):
+            nonlocal held, line
             if event == "line":
-                self.lines.add((frame.f_code.co_filename, frame.f_lineno))
-                self._last[key] = (frame.f_lineno, now)
-            else:
-                self._last.pop(key, None)
+                now = frame.f_locals  # the frame's own dict, brought up to date by the access
+                if held is None:
+                    held = dict(now)
+                elif not _unchanged(now, held):
+                    edits_of(frame, line, held, now)
+                    held = dict(now)
+                line = frame.f_lineno
+                add_line(line)
+            elif event == "return":
+                now = frame.f_locals
+                if held is not None and not _unchanged(now, held):
+                    edits_of(frame, line, held, now)
                 # `return text.strip()`: a string made in the return expression itself, not held by a local
                 self._made_in_expression(frame, frame.f_lineno, f"return of {frame.f_code.co_name}", arg, now)
-        return self._local
+            return trace
+
+        return trace
+
+    def _edits_of(self, frame, line: int, before: dict[str, Any], now: dict[str, Any]) -> None:
+        """The edits `line` made to the frame's locals: `before` as they were, `now` after it."""
+        get = before.get
+        for name, value in now.items():
+            old = get(name, _MISSING)
+            if old is value or not isinstance(value, _TRACKED):
+                continue
+            if not isinstance(old, _TRACKED):
+                old = _MISSING
+            if isinstance(value, str) and value and (old is _MISSING or old is None):
+                self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                              "before": None, "after": value[:200], "kind": "set"})
+            elif old is _MISSING:
+                continue
+            elif isinstance(value, str) and isinstance(old, str) and old != value:
+                self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                              "before": old[:200], "after": value[:200], "kind": "string"})
+            elif type(old) is not type(value) and (old is None or value is None or isinstance(old, str)):
+                self._record({"file": frame.f_code.co_filename, "line": line, "variable": name,
+                              "before": repr(old)[:200], "after": repr(value)[:200], "kind": "type"})
 
     def _made_in_expression(self, frame, line: int, what: str, value: Any, held: dict[str, Any]) -> None:
         """Set edits for the strings in `value` (itself, or the items of a tuple, list or dict it is) that no local of
@@ -113,12 +125,12 @@ class Tracer:
             made = {name: value for name, value in frame.f_locals.items()
                     if isinstance(value, str) and value and name != "self" and value not in code.co_consts}
             if made:
-                held = self._snapshot(caller)
+                held = dict(caller.f_locals)
                 for name, value in made.items():
                     self._made_in_expression(caller, caller.f_lineno, f"argument {name} of {frame.f_code.co_name}",
                                              value, held)
         if frame.f_code.co_filename.startswith(self.root):
-            return self._local
+            return self._frame_tracer(frame.f_code)
         return None
 
     def start(self) -> None:
@@ -134,9 +146,7 @@ class Tracer:
         def rel(path: str) -> str:  # thousands of executed lines in a few dozen files: each file's path made once
             return str(Path(path).relative_to(root))
 
-        lines: dict[str, list[int]] = {}
-        for path, line in sorted(self.lines):
-            lines.setdefault(rel(path), []).append(line)
+        lines = {rel(path): sorted(executed) for path, executed in sorted(self._lines.items()) if executed}
         kept = sorted({e["seq"]: e for e in [*self.field_edits, *self.edits]}.values(), key=lambda e: e["seq"])
         edits = [{**{k: v for k, v in e.items() if k != "seq"}, "file": rel(e["file"])} for e in kept]
         return {"lines": lines, "edits": edits if result is None else answer_edits(edits, result)}
