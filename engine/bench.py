@@ -802,7 +802,9 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     long_model = next((m for m in models if load_model(m).tokenizer is not None), None)
     progress("long conversations: whole-string vs segment-cached tokenization")
     long_conversations = long_conversation_tokenization(long_model, repeat=repeat) if long_model else {}
-    sessions = long_session(long_session_models, long_session_calls, progress, repeat=repeat) \
+    # Two fresh processes a point, the faster kept; one when a single run of everything is asked for (--repeat 1)
+    sessions = long_session(long_session_models, long_session_calls, progress, repeat=repeat,
+                            processes=min(repeat, 2)) \
         if long_session_calls else {}
     watch = watch_section(watch_sessions, progress, watch_pacing) if watch_sessions else {}
     return BenchReport(
