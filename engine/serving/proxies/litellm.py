@@ -108,9 +108,13 @@ def answer_code(version: str) -> dict:
 
 def answer_folder(version: str) -> FingerprintFolder:
     """Where the result cache keeps the answers of this release under today's code (results.FingerprintFolder)."""
+    return _folder_of(answer_code(version))
+
+
+def _folder_of(code: dict) -> FingerprintFolder:
+    """The result cache's folder of the answers `code` (answer_code) gives."""
     from engine.serving.real.results import FingerprintFolder
 
-    code = answer_code(version)
     return FingerprintFolder.of(code["release"], code)
 
 
@@ -137,11 +141,11 @@ class LiteLLMProxy:
         return f"litellm {self.version}"
 
     def _ask(self, job: dict) -> dict:
-        from engine.serving.real.results import FingerprintFolder, persisted_results_enabled, result_cache
+        from engine.serving.real.results import persisted_results_enabled, result_cache
 
         cache = result_cache() if persisted_results_enabled() else None
         code = answer_code(self.version)
-        folder = FingerprintFolder.of(code["release"], code)
+        folder = _folder_of(code)
         key = hashlib.sha256(json.dumps({**code, "job": job}, ensure_ascii=True,
                                         separators=(",", ":")).encode()).hexdigest()
         reply = cache.get(folder, key) if cache is not None else None
