@@ -233,21 +233,19 @@ def test_rendered_keeps_its_constructor_and_computes_on_first_read() -> None:
         Rendered("ab", source_path="t.jinja", origin="template x")
 
 
-def _ticking_clock(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
-    """`strftime_now` in the template's own environment (transformers compiles each template in a new one) reads a
-    clock that moves on every call, as a real clock would between two renders."""
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
+def _ticking_clock(monkeypatch: pytest.MonkeyPatch, renderer: JinjaRenderer) -> JinjaRenderer:
+    """`strftime_now` in the renderer's own environment (each renderer builds one, as transformers does per template;
+    its overlays share its globals) reads a clock that moves on every call, as a real clock would between two
+    renders."""
     ticks = iter(range(1, 1000))
-    monkeypatch.setitem(_compile_jinja_template(source).environment.globals, "strftime_now",
-                        lambda _format: f"t{next(ticks)}")
+    monkeypatch.setitem(renderer._reference_environment.globals, "strftime_now", lambda _format: f"t{next(ticks)}")
+    return renderer
 
 
 def test_a_template_that_renders_differently_twice_says_so_when_provenance_is_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
     source = "{% for m in messages %}{{ m.content }}{% endfor %}{{ strftime_now('%H:%M:%S') }}"
-    _ticking_clock(monkeypatch, source)
-    renderer = JinjaRenderer(source, model="qwen3.6+clock", source_path="clock.jinja")
+    renderer = _ticking_clock(monkeypatch, JinjaRenderer(source, model="qwen3.6+clock", source_path="clock.jinja"))
     rendered = renderer.render([{"role": "user", "content": "hi"}], None, add_generation_prompt=True)
     assert rendered.text == "hit1"
     with pytest.raises(RenderError) as caught:
@@ -261,9 +259,9 @@ def test_a_template_that_renders_differently_twice_says_so_when_provenance_is_re
 def test_the_bridge_turns_that_refusal_into_an_error_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     stock = load_model("qwen3.6")
     source = stock.renderer.inner._source + "{{ strftime_now('%H:%M:%S') }}"
-    _ticking_clock(monkeypatch, source)
-    clock = dataclasses.replace(stock, renderer=JinjaRenderer(source, model="qwen3.6", source_path="clock.jinja",
-                                                              special_tokens=stock.renderer.inner._special_tokens))
+    renderer = JinjaRenderer(source, model="qwen3.6", source_path="clock.jinja",
+                             special_tokens=stock.renderer.inner._special_tokens)
+    clock = dataclasses.replace(stock, renderer=_ticking_clock(monkeypatch, renderer))
     cell = run_cell_with(clock, "tool-call", "bridge", {})
     assert cell.status == "error"
     assert cell.note is not None and cell.note.startswith("clock.jinja for model qwen3.6 rendered different text")

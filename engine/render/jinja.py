@@ -144,9 +144,14 @@ class JinjaRenderer:
         self.template_source = source  # what an engine's request side reads (content format, template kwargs)
         # transformers passes the tokenizer's special tokens (bos_token, eos_token, ...) to every render.
         self._special_tokens = dict(special_tokens or {})
-        ctu = transformers_pieces()
+        # transformers' environment, built as apply_chat_template builds it (the same for every source), anew for this
+        # template: the source is compiled once, in our own overlay of it (compiling it in transformers' as well was a
+        # tenth of a model's load; the naive baseline and parity compile theirs through transformers when they run).
+        environment = transformers_pieces()._cached_compile_jinja_template("").environment
+        fast = environment.overlay()
+        _remember_sandbox_verdicts(fast)
         try:
-            reference = ctu._compile_jinja_template(source)
+            self._text_template = fast.from_string(source)
         except jinja2.TemplateSyntaxError as err:
             raise RenderError(
                 f"{source_path} for model {model} does not parse: {err.message} (line {err.lineno})",
@@ -154,14 +159,10 @@ class JinjaRenderer:
                 path=source_path,
                 source_line=err.lineno,
             ) from err
-        # Our own overlays, never transformers' cached environment (the naive baseline and parity use that one).
-        fast = reference.environment.overlay()
-        _remember_sandbox_verdicts(fast)
-        self._text_template = fast.from_string(source)
         self._incremental_built: IncrementalText | None = None  # built on the first plain render (50-200 ms)
         self._incremental_lock = threading.Lock()
         self._conversions = threading.local()  # _template_messages: the previous request's messages, per thread
-        self._reference_environment = reference.environment
+        self._reference_environment = environment
         self._recorder = _Recorder()
         self._message_memo: dict[bytes, dict] = {}  # _template_messages: message pickle -> template's message
         self._recording_built: jinja2.Template | None = None  # compiled when provenance is first read
