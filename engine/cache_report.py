@@ -32,5 +32,5 @@ def current_fingerprint(spec: str) -> str | None:
 def spec_reports(cache: ResultCache, *, prune: bool = False, keep: int = KEEP_FINGERPRINTS) -> list[SpecReport]:
     """Every spec's report, after its prune when `prune` (`keep` fingerprints kept, the current one included)."""
     if keep < 1:
-        raise ValueError(f"keep must be at least 1 (the current fingerprint), got {keep}")
+        raise ExplorerError(f"--keep must be at least 1 (the current fingerprint), got {keep}")
     return [cache.report(spec, current_fingerprint(spec), prune=prune, keep=keep) for spec in cache.specs()]

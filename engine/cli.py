@@ -401,11 +401,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from engine.cache_report import spec_reports
     from engine.serving.real.results import FLAT, KEEP_FINGERPRINTS, FolderSize, result_cache
 
-    keep = KEEP_FINGERPRINTS if args.keep is None else args.keep
-    if keep < 1:
-        raise ExplorerError(f"--keep must be at least 1 (the current fingerprint), got {keep}")
     cache = result_cache()
-    reports = spec_reports(cache, prune=args.prune, keep=keep)
+    reports = spec_reports(cache, prune=args.prune, keep=KEEP_FINGERPRINTS if args.keep is None else args.keep)
     if args.json:
         _write_json({"folder": str(cache.folder), "pruned": args.prune,
                      "specs": [{**dataclasses.asdict(r), "answers": r.answers, "bytes": r.bytes} for r in reports]},
