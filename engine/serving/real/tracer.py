@@ -14,7 +14,9 @@ backend traces by default only where it is cheap (RealEngine.traces_cheaply).
 
 from __future__ import annotations
 
+import dis
 import functools
+import inspect
 import sys
 from collections import deque
 from pathlib import Path
@@ -57,22 +59,25 @@ class Tracer:
 
     def _frame_tracer(self, code) -> Any:
         """The trace function of one frame of `code`. It keeps the frame's locals as of the last change it saw and
-        the line that ran last: on most lines nothing changed, and then the frame's (live) locals compare equal to
-        that copy, in C, and nothing is copied."""
+        the line that ran last. It reads them again only after a line that can bind one (`_binding_lines`): after
+        the others nothing can have changed. Then, on most lines, the frame's (live) locals compare equal to that
+        copy, in C, and nothing is copied."""
         add_line = self._lines.setdefault(code.co_filename, set()).add
         edits_of = self._edits_of
+        binding = _binding_lines(code)
         held: dict[str, Any] | None = None  # a copy of the frame's locals, as of the last change seen
         line = 0  # the line that ran last
 
         def trace(frame, event: str, arg: Any):
             nonlocal held, line
             if event == "line":
-                now = frame.f_locals  # the frame's own dict, brought up to date by the access
                 if held is None:
-                    held = dict(now)
-                elif not _unchanged(now, held):
-                    edits_of(frame, line, held, now)
-                    held = dict(now)
+                    held = dict(frame.f_locals)
+                elif binding is None or line in binding:
+                    now = frame.f_locals  # the frame's own dict, brought up to date by the access
+                    if not _unchanged(now, held):
+                        edits_of(frame, line, held, now)
+                        held = dict(now)
                 line = frame.f_lineno
                 add_line(line)
             elif event == "return":
@@ -163,6 +168,28 @@ def answer_edits(edits: list[dict], result: dict) -> list[dict]:
     answer = {value[:200] for value in values if isinstance(value, str)}
     return [e for e in edits if e["kind"] == "type" or e["after"] in answer or "reasoning" in e["file"]
             or e["variable"].startswith("return of ")]
+
+
+_BINDS = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF", "STORE_NAME", "DELETE_NAME"})
+
+
+@functools.cache
+def _binding_lines(code) -> frozenset[int] | None:
+    """The lines of `code` that can bind or unbind one of its locals; None when any line can. An edit is a local
+    bound to another value (strings are immutable; a list or dict changed in place is the same value), so the lines
+    between two of these need no comparison: most of a parse's lines (a test, a call, a return) bind nothing. Any
+    line can when a closure shares the frame's variables (a cell or free variable another frame rebinds), when the
+    code is not a function's (a module's or a class body's names), or when a binding instruction has no line of its
+    own (it runs after some other line's)."""
+    if code.co_cellvars or code.co_freevars or not code.co_flags & inspect.CO_OPTIMIZED:
+        return None
+    lines = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _BINDS:
+            if instruction.positions is None or instruction.positions.lineno is None:
+                return None
+            lines.add(instruction.positions.lineno)
+    return frozenset(lines)
 
 
 _MISSING = object()
