@@ -7,8 +7,11 @@ so the serving code takes its "feature off" branches; what the parse depends on 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import types
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -56,20 +59,59 @@ class Permissive:
 def call_with(function: Any, known: dict[str, Any], *args: Any) -> Any:
     """Call `function` with the keyword arguments its signature names: known values first, then its own
     defaults, a Permissive for anything else required (constructors change arguments between releases)."""
-    signature = inspect.signature(function)
     kwargs: dict[str, Any] = {}
-    positional = list(args)
-    for name, parameter in signature.parameters.items():
-        if name in ("self", "cls") or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
+    positional = len(args)
+    for name, required in parameters_of(function):
         if positional:
-            positional.pop(0)
+            positional -= 1
             continue
         if name in known:
             kwargs[name] = known[name]
-        elif parameter.default is parameter.empty:
+        elif required:
             kwargs[name] = Permissive(name)
     return function(*args, **kwargs)
+
+
+def parameters_of(function: Any) -> tuple[tuple[str, bool], ...]:
+    """The parameters `call_with` fills (not self or cls, not *args or **kwargs), each with whether it is required.
+    Read once per function: a signature does not change, and reading one is some fifty Python calls, each an event
+    the line tracer is called for when a traced parse's glue reads it."""
+    # A bound method is made anew at each attribute access: its function is the key (its signature drops the first
+    # parameter whatever the instance).
+    key = (function.__func__, "bound") if isinstance(function, types.MethodType) else function
+    try:
+        return _PARAMETERS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: read each time
+        return _read_parameters(function)
+    found = _PARAMETERS[key] = _read_parameters(function)
+    return found
+
+
+def _read_parameters(function: Any) -> tuple[tuple[str, bool], ...]:
+    return tuple((name, parameter.default is parameter.empty)
+                 for name, parameter in inspect.signature(function).parameters.items()
+                 if name not in ("self", "cls") and parameter.kind not in (parameter.VAR_POSITIONAL,
+                                                                            parameter.VAR_KEYWORD))
+
+
+_PARAMETERS: dict[Any, tuple[tuple[str, bool], ...]] = {}  # the worker's functions: a few dozen
+
+
+def run_on(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """`asyncio.run(coroutine)` on the worker's one loop, kept between jobs (making and closing a loop is some 270
+    Python calls, each an event for the line tracer in a traced parse). What asyncio.run does after the coroutine is
+    done is done here too: the tasks it left are cancelled. The async generators left open are the glue's own (the
+    outputs it feeds the release), closed when collected; the release's streams are read to their end."""
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        left = asyncio.all_tasks(loop)
+        if left:
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
 
 class HfConfig:

@@ -8,11 +8,12 @@ call ids are that release's code. The process-wide runtime context (0.5.2x's `ge
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
+from engine.serving.real.fakes import HfConfig, Permissive, call_with, run_on, source_entry, streamed_message
 
 SERVING_MODULE = "sglang.srt.entrypoints.openai.serving_chat"
 FUNCTION_CALL_MODULE = "sglang.srt.function_call.function_call_parser"
@@ -64,6 +65,7 @@ class Glue:
         _fake_runtime_context()
         self.protocol = importlib.import_module("sglang.srt.entrypoints.openai.protocol")
         self._servings: dict[tuple, Any] = {}
+        self.loop = asyncio.new_event_loop()  # the serving code's coroutines run on it, one job after another
 
     def parsers(self) -> dict:
         tools = importlib.import_module(FUNCTION_CALL_MODULE).FunctionCallParser.ToolCallParserEnum
@@ -172,8 +174,6 @@ class Glue:
     def parse_stream(self, job: dict, tokenizer: Any) -> dict:
         """The release's _generate_chat_stream fed by a tokenizer manager whose generate_request yields the text so
         far chunk by chunk (as SGLang's detokenizer does); the client's message is the accumulated SSE deltas."""
-        import asyncio
-
         serving = self.serving(job, tokenizer, force_reasoning=bool(job.get("force_reasoning", True)))
         request = self.request(job, stream=True)
         chunks = job["chunks"]
@@ -199,7 +199,7 @@ class Glue:
         async def events() -> list[str]:
             return [event async for event in stream]
 
-        return streamed_message(asyncio.run(events()))
+        return streamed_message(run_on(self.loop, events()))
 
     # -- the request side --------------------------------------------------------------------------------------
 

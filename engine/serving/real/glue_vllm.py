@@ -14,7 +14,15 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from engine.serving.real.fakes import HfConfig, Permissive, call_with, source_entry, streamed_message
+from engine.serving.real.fakes import (
+    HfConfig,
+    Permissive,
+    call_with,
+    parameters_of,
+    run_on,
+    source_entry,
+    streamed_message,
+)
 
 SERVING_MODULES = ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat")
 TOOL_MANAGERS = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
@@ -64,6 +72,7 @@ class Glue:
         self.protocol = inspect.getmodule(self.serving_module.ChatCompletionRequest)
         self.outputs = importlib.import_module("vllm.outputs")
         self._servings: dict[tuple, Any] = {}
+        self.loop = asyncio.new_event_loop()  # the serving code's coroutines run on it, one job after another
 
     def parsers(self) -> dict:
         tools = _first_module(TOOL_MANAGERS).ToolParserManager
@@ -110,7 +119,7 @@ class Glue:
     def request_parsers(serving: Any, generator: Any, request: Any, tokenizer: Any, job: dict) -> dict:
         """The per-request parser objects that the release's create_chat_completion builds before it calls the
         full generator (0.10 builds them inside it; 0.15-0.20 pass a reasoning parser; 0.25+ one Parser)."""
-        parameters = inspect.signature(generator).parameters
+        parameters = {name for name, _ in parameters_of(generator)}
         kwargs = job.get("chat_template_kwargs") or {}
         if "parser" in parameters:
             if hasattr(serving, "_make_parser"):
@@ -147,7 +156,7 @@ class Glue:
                                  "request_metadata": metadata_cls(request_id="chatcmpl-drift")}
         generator = serving.chat_completion_full_generator
         known.update(self.request_parsers(serving, generator, request, tokenizer, job))
-        response = asyncio.run(call_with(generator, known))
+        response = run_on(self.loop, call_with(generator, known))
         if not hasattr(response, "choices"):
             error = getattr(response, "error", response)
             return {"error": str(getattr(error, "message", error))}
@@ -195,7 +204,7 @@ class Glue:
         async def events() -> list[str]:
             return [event async for event in call_with(generator, known)]
 
-        return streamed_message(asyncio.run(events()))
+        return streamed_message(run_on(self.loop, events()))
 
     # -- the request side --------------------------------------------------------------------------------------
 
