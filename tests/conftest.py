@@ -326,9 +326,9 @@ LONGEST_FIRST = (
     "test_tokenize_segments.py", "test_lazy_provenance.py", "blame/test_blame_benchmark.py", "test_app_untrusted.py",
     "test_parsers_golden.py", "test_real_engines.py", "test_hostile.py", "test_simulate.py", "test_fuzz_properties.py",
     "test_app.py", "test_untrusted.py", "test_hostile_workers.py", "test_ci_gate.py", "test_check.py",
-    "test_zoo.py", "test_cli_hostile.py", "test_hostile_traces.py", "test_parsers_glm.py", "test_watch.py",
-    "test_app_isolation.py", "test_matrix_causes.py", "test_uploads_real_configs.py", "test_engine_request_side.py",
-    "test_evidence.py", "test_parsers_gpt_oss.py",
+    "test_zoo.py", "test_cli_hostile.py", "test_special_tokens.py", "test_hostile_traces.py", "test_parsers_glm.py",
+    "test_watch.py", "test_app_isolation.py", "test_matrix_causes.py", "test_uploads_real_configs.py",
+    "test_engine_request_side.py", "test_evidence.py", "test_parsers_gpt_oss.py",
 )
 
 
