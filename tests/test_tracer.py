@@ -34,9 +34,10 @@ def parse(text):
 '''
 
 
-def test_the_edits_of_each_line(tmp_path: Path) -> None:
-    (tmp_path / "parser.py").write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location("drift_tracer_case", tmp_path / "parser.py")
+def _traced(tmp_path: Path, source: str, module_name: str) -> tuple[str, dict]:
+    """`parse("hello world")` of `source`, a module under the tracer's root, traced: its answer and the report."""
+    (tmp_path / "parser.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(module_name, tmp_path / "parser.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -46,8 +47,12 @@ def test_the_edits_of_each_line(tmp_path: Path) -> None:
         answer = module.parse("hello world")
     finally:
         tracer.stop()
+    return answer, tracer.report(tmp_path)
+
+
+def test_the_edits_of_each_line(tmp_path: Path) -> None:
+    answer, report = _traced(tmp_path, SOURCE, "drift_tracer_case")
     assert answer == "HELLOworld"
-    report = tracer.report(tmp_path)
     assert [(e["line"], e["variable"], e["kind"], e["before"], e["after"]) for e in report["edits"]] == [
         (12, "head", "set", None, "hello"),
         (13, "same", "set", None, "abc"),  # line 14 rebuilds an equal string: no edit
@@ -101,19 +106,8 @@ def test_every_way_a_line_binds_a_local(tmp_path: Path) -> None:
     target, a walrus, an augmented assignment, an exception's name, a statement over several lines, `del`; and after
     every line of a function whose variable a closure rebinds (`shout()` changes `text` on line 21). The same edits as
     a comparison after every line."""
-    (tmp_path / "parser.py").write_text(BINDINGS)
-    spec = importlib.util.spec_from_file_location("drift_tracer_bindings", tmp_path / "parser.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    tracer = Tracer(str(tmp_path), "hello world")
-    tracer.start()
-    try:
-        answer = module.parse("hello world")
-    finally:
-        tracer.stop()
+    answer, report = _traced(tmp_path, BINDINGS, "drift_tracer_bindings")
     assert answer == "HELLO!WORLD"
-    report = tracer.report(tmp_path)
     assert [(e["line"], e["variable"], e["kind"], e["before"], e["after"]) for e in report["edits"]] == [
         (3, "word", "set", None, "hello"),
         (3, "word", "string", "hello", "world"),
