@@ -6,8 +6,9 @@ whole by the tokenizer library, nothing cached), the same distinct requests rend
 recomputed after a kwarg toggle with the caches warm (the web app's click), and a naive baseline: transformers'
 `apply_chat_template(..., tokenize=True)` on every request, nothing cached. Then `long_session`: agent sessions of
 50, 200 and 1,000 tool calls for two models, each in a fresh process (wall, template renders, peak RSS, the ratio to
-the floor of tokenizing only the distinct new text, and how each grows with the session). A benchmark, not a test:
-nothing here asserts a timing.
+the floor of tokenizing only the distinct new text, and how each grows with the session). The figures a ratio
+divides are timed in rounds, each once a round and the best of each kept, so that the machine's drift in speed moves
+none of them alone. A benchmark, not a test: nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -15,22 +16,30 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
+import hashlib
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from engine.errors import ExplorerError
 from engine.matrix import MatrixRequest, default_request, run_matrix
 from engine.models import LoadedModel, load_model, load_spec, special_token_vars
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
 from engine.watch.overhead import BUSY_SERVER, UpstreamPacing, watch_overhead, watch_text
+
+ROOT = Path(__file__).resolve().parent.parent  # the naive baseline's process imports `engine` from here
 
 
 @dataclass
@@ -45,6 +54,8 @@ class BenchReport:
     cold_start_s: float
     cold_start_models_s: dict[str, float]
     cold_start_includes_imports: bool  # transformers etc. were first imported during it (a fresh process)
+    # The figures the ratios divide (the matrix in its four forms, the floor, the render and the naive baseline) are
+    # timed once a round, `repeat` rounds one after another, the best of each kept (run_bench: _rounds).
     # The full default matrix, every cache (cells, renders, strings, segments) emptied before each run; best run.
     cells: int
     matrix_s: float
@@ -52,7 +63,7 @@ class BenchReport:
     cell_median_ms: float
     cell_max_ms: float
     # The same matrix without the persisted result cache, every release's worker stopped first: what a first run
-    # pays for the real code (worker start-up and every parse and request-side render asked anew); one run.
+    # pays for the real code (worker start-up and every parse and request-side render asked anew); best run.
     matrix_cold_s: float
     ratio_cold_to_floor: float | None
     # The same matrix without causes (status and prefixes only, as the web app's grid shows it); best run.
@@ -95,9 +106,9 @@ class BenchReport:
     toggle_median_ms: float | None  # None when no model has a boolean kwarg
     toggle_max_ms: float | None
     toggle_kwargs: dict[str, str]
-    # Memory: high-water RSS with all default models loaded and the matrix run; then after the naive baseline.
+    # Memory: high-water RSS with all default models loaded, the matrix run and the toggles.
     peak_rss_mb: float
-    peak_rss_with_naive_mb: float
+    naive_peak_rss_mb: float | None  # the naive baseline's own process (NaiveProcess); None with --no-naive
     segment_reuse: dict[str, str]
     cache_stats: dict[str, dict[str, int]] = field(default_factory=dict)
     # Where tokenization does dominate: the prompts of long random conversations (engine.fuzz), each string
@@ -253,6 +264,26 @@ def _best(passes: int, run: Callable[[], object]) -> float:
     return best
 
 
+def _timed(run: Callable[[], object]) -> Callable[[], float]:
+    """`run`, returning the seconds it took."""
+    def timed() -> float:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    return timed
+
+
+def _rounds(repeat: int, passes: dict[str, Callable[[], float]],
+            progress: Callable[[str], None]) -> dict[str, list[float]]:
+    """`repeat` rounds, each running every pass once in order; each pass's seconds, round by round."""
+    times: dict[str, list[float]] = {name: [] for name in passes}
+    for number in range(repeat):
+        progress(f"round {number + 1} of {repeat}")
+        for name, timed in passes.items():
+            times[name].append(timed())
+    return times
+
+
 def naive_path(model: LoadedModel) -> tuple[str, Callable[[RenderRequest], list[int] | str]]:
     """How a user would render + tokenize one request by hand for this model, built offline from the same files."""
     from engine.assets import resolve_asset
@@ -341,6 +372,84 @@ def _naive(model_ids: tuple[str, ...], requests: dict[str, list[RenderRequest]],
             except Exception:  # noqa: BLE001 - a template that refuses a request fails for the user too; time it
                 pass
     return time.perf_counter() - start
+
+
+def _request_json(r: RenderRequest) -> dict:
+    return {"messages": r.messages, "tools": r.tools, "add_generation_prompt": r.add_generation_prompt,
+            "kwargs": r.kwargs}
+
+
+def _output_digest(output: list[int] | str) -> str:
+    return hashlib.sha256(json.dumps(output).encode()).hexdigest()
+
+
+class NaiveProcess:
+    """The naive baseline in a process of its own, timed on demand. In this process, its transformers tokenizers
+    (a second copy of every tokenizer, about 500 MB) slowed the tokenizer library's encode of the matrix's own
+    tokenizers: the floor took 1.2 s before they were built and 1.9-2.2 s with them alive, back to 1.3 s when they
+    were dropped. The rounds time the floor and the matrix beside the baseline, so it lives elsewhere."""
+
+    def __init__(self, models: tuple[str, ...], requests: dict[str, dict[str, list[RenderRequest]]],
+                 distinct: dict[str, list[RenderRequest]]) -> None:
+        """`requests`: the request sets to time, by name; `distinct`: the requests whose ids `digests` gives."""
+        self.proc = subprocess.Popen([sys.executable, "-c", "from engine.bench import naive_process; naive_process()"],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self._ask({"models": list(models), "distinct": {m: [_request_json(r) for r in rs]
+                                                                for m, rs in distinct.items()},
+                           "requests": {name: {m: [_request_json(r) for r in rs] for m, rs in by_model.items()}
+                                        for name, by_model in requests.items()}})
+        self.paths: dict[str, str] = ready["paths"]
+        self.digests: dict[str, list[str | None]] = ready["digests"]  # None: the request was refused
+
+    def _ask(self, message: dict) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise ExplorerError(f"bench: the naive baseline's process exited with status {self.proc.wait()} (its "
+                                "error is above)")
+        return json.loads(line)
+
+    def seconds(self, name: str) -> float:
+        """One timed pass over the request set `name`."""
+        return self._ask({"time": name})["seconds"]
+
+    def peak_rss_mb(self) -> float:
+        return self._ask({"peak_rss_mb": True})["peak_rss_mb"]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+def naive_process() -> None:
+    """The naive baseline's process (NaiveProcess): one JSON message a line on stdin, one reply a line on stdout."""
+    def request(raw: dict) -> RenderRequest:
+        return RenderRequest(raw["messages"], raw["tools"], raw["add_generation_prompt"], raw["kwargs"])
+
+    setup = json.loads(sys.stdin.readline())
+    models = tuple(setup["models"])
+    sets = {name: {m: [request(r) for r in rs] for m, rs in by_model.items()}
+            for name, by_model in setup["requests"].items()}
+    paths = {m: naive_path(load_model(m)) for m in models}
+    digests: dict[str, list[str | None]] = {}
+    for model_id, raws in setup["distinct"].items():
+        digests[model_id] = []
+        for raw in raws:
+            try:
+                digests[model_id].append(_output_digest(paths[model_id][1](request(raw))))
+            except Exception:  # noqa: BLE001 - a refusal: compared with nothing
+                digests[model_id].append(None)
+    print(json.dumps({"paths": {m: p[0] for m, p in paths.items()}, "digests": digests}), flush=True)
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "time" in message:
+            reply: dict[str, Any] = {"seconds": _naive(models, sets[message["time"]], paths)}
+        else:
+            reply = {"peak_rss_mb": peak_rss_mb()}
+        print(json.dumps(reply), flush=True)
 
 
 def _cell_requests(request: MatrixRequest) -> dict[str, list[RenderRequest]]:
@@ -682,13 +791,9 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
 
     provenance_read = sum(_provenance_read(load_model(m).renderer) for m in models)
 
-    progress(f"matrix x{repeat}")
-    runs = []
-    for _ in range(repeat):
-        clear_run_caches(models)
-        start = time.perf_counter()
-        run_matrix(request)
-        runs.append(time.perf_counter() - start)
+    progress("cells one by one")
+    clear_run_caches(models)
+    run_matrix(request)  # untimed: the store of proved causes holds this matrix's, as the rounds below find it
     clear_run_caches(models)
     cell_times = []
     for model_id in models:
@@ -697,31 +802,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
                 start = time.perf_counter()
                 run_cell(model_id, scenario, engine, request.kwargs.get(model_id, {}))
                 cell_times.append(time.perf_counter() - start)
-    matrix_s = min(runs)
 
-    progress("matrix without causes")
-    uncaused = []
-    for _ in range(repeat):
-        clear_run_caches(models)
-        start = time.perf_counter()
-        run_matrix(request, explain=False)
-        uncaused.append(time.perf_counter() - start)
-    matrix_without_causes_s = min(uncaused)
-
-    progress("matrix, every cause searched (the store of proved causes off)")
-    searched = []
-    with _causes_searched():
-        for _ in range(repeat):
-            clear_run_caches(models)
-            start = time.perf_counter()
-            run_matrix(request)
-            searched.append(time.perf_counter() - start)
-    matrix_causes_searched_s = min(searched)
-
-    progress("matrix cold: an empty result cache, workers stopped")
-    matrix_cold_s = _cold_matrix(request)
-
-    progress("floor: distinct strings tokenized whole")
     encoders = {m: _library_encoder(load_model(m)) for m in models if load_model(m).tokenizer is not None}
     strings = {m: list(recorder.strings[m]) for m in encoders}
 
@@ -736,12 +817,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
             for text in strings[model_id]:
                 inner.encode(text)
 
-    floor_s = _best(repeat, floor_pass)
+    progress("the project's whole-string encode of the floor's strings")
     floor_project_s = _best(repeat, project_pass)
     tokens = sum(len(load_model(m).tokenizer.encode_ids(t)) for m in encoders for t in strings[m])
     characters = sum(len(t) for m in encoders for t in strings[m])
 
-    progress("rendering: distinct requests once each")
     distinct: dict[str, list[RenderRequest]] = {}
     for model_id in models:
         unique = {repr((r.messages, r.tools, r.add_generation_prompt, r.kwargs)): r
@@ -757,8 +837,6 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
                 except Exception:  # noqa: BLE001 - the matrix renders refusals too (error cells)
                     pass
 
-    render_s = _best(repeat, render_pass)
-
     def render_with_provenance_pass() -> None:
         for model_id in models:
             inner = getattr(load_model(model_id).renderer, "inner", load_model(model_id).renderer)
@@ -770,6 +848,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
                 except Exception:  # noqa: BLE001 - the matrix renders refusals too (error cells)
                     pass
 
+    progress("rendering with provenance: distinct requests once each")
     render_with_provenance_s = _best(repeat, render_with_provenance_pass)
 
     progress("kwarg toggles (caches warm)")
@@ -778,25 +857,54 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     toggle_times, toggled = _toggles(request)
     rss = peak_rss_mb()
 
-    naive_s: float | None = None
-    naive_cells_s: float | None = None
-    paths: dict[str, tuple[str, Callable]] = {}
     differ = 0
     cell_requests: dict[str, list[RenderRequest]] = {m: [] for m in models}
+    baseline: NaiveProcess | None = None
     if naive:
-        progress("naive baseline: building transformers tokenizers")
-        paths = {m: naive_path(load_model(m)) for m in models}
+        progress("naive baseline: its own process builds transformers tokenizers")
         cell_requests = _cell_requests(request)
-        progress("naive baseline: every request")
-        naive_s = _naive(models, recorder.requests, paths)
-        naive_cells_s = _naive(models, cell_requests, paths)
+        baseline = NaiveProcess(models, {"all": recorder.requests, "cells": cell_requests}, distinct)
         for model_id in models:
             model = load_model(model_id)
-            for r in distinct[model_id]:
+            for r, theirs in zip(distinct[model_id], baseline.digests[model_id]):
                 try:
-                    differ += paths[model_id][1](r) != _ours(model, r)
-                except Exception:  # noqa: BLE001 - refused by both
+                    differ += theirs is not None and theirs != _output_digest(_ours(model, r))
+                except Exception:  # noqa: BLE001 - refused by ours
                     pass
+
+    def matrix_pass(explain: bool = True) -> Callable[[], float]:
+        def timed() -> float:
+            clear_run_caches(models)
+            start = time.perf_counter()
+            run_matrix(request, explain=explain)
+            return time.perf_counter() - start
+        return timed
+
+    def causes_searched_pass() -> float:
+        with _causes_searched():
+            return matrix_pass()()
+
+    # The figures the ratios compare, each timed once a round, the rounds one after another, the best of each kept:
+    # a ratio then divides two times taken within one round of each other. This machine's speed drifts (the floor
+    # 1.25-2.09 s within hours), and a figure timed once, minutes from the others, moved its ratio with it (the naive
+    # baseline alone ran at 5.2-11.0x the floor across four runs of one evening).
+    passes: dict[str, Callable[[], float]] = {
+        "floor": _timed(floor_pass), "render": _timed(render_pass), "matrix": matrix_pass(),
+        "matrix_without_causes": matrix_pass(explain=False), "matrix_causes_searched": causes_searched_pass,
+        "matrix_cold": lambda: _cold_matrix(request)}
+    if baseline is not None:
+        passes["naive"] = functools.partial(baseline.seconds, "all")
+    progress(f"{repeat} rounds of: {', '.join(passes)}")
+    rounds = _rounds(repeat, passes, progress)
+    naive_cells_s = baseline.seconds("cells") if baseline is not None else None
+    naive_rss_mb = baseline.peak_rss_mb() if baseline is not None else None
+    if baseline is not None:
+        baseline.close()
+    floor_s, render_s, matrix_s = min(rounds["floor"]), min(rounds["render"]), min(rounds["matrix"])
+    matrix_without_causes_s = min(rounds["matrix_without_causes"])
+    matrix_causes_searched_s = min(rounds["matrix_causes_searched"])
+    matrix_cold_s = min(rounds["matrix_cold"])
+    naive_s = min(rounds["naive"]) if naive else None
 
     segment_reuse = {m: getattr(load_model(m).tokenizer, "segment_note", "no tokenizer") for m in models}
     long_model = next((m for m in models if load_model(m).tokenizer is not None), None)
@@ -819,7 +927,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         cold_start_includes_imports=fresh_imports,
         cells=len(cells),
         matrix_s=round(matrix_s, 4),
-        matrix_runs_s=[round(t, 4) for t in runs],
+        matrix_runs_s=[round(t, 4) for t in rounds["matrix"]],
         cell_median_ms=round(statistics.median(cell_times) * 1000, 3),
         cell_max_ms=round(max(cell_times) * 1000, 3),
         distinct_strings=sum(len(v) for v in strings.values()),
@@ -847,14 +955,14 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         speedup_vs_naive=round(naive_s / matrix_s, 2) if naive_s is not None else None,
         naive_cells_s=round(naive_cells_s, 4) if naive_cells_s is not None else None,
         naive_cell_requests=sum(len(v) for v in cell_requests.values()),
-        naive_paths={m: p[0] for m, p in paths.items()},
+        naive_paths=baseline.paths if baseline is not None else {},
         naive_ids_differ=differ,
         toggle_cells=len(toggle_times),
         toggle_median_ms=round(statistics.median(toggle_times) * 1000, 3) if toggle_times else None,
         toggle_max_ms=round(max(toggle_times) * 1000, 3) if toggle_times else None,
         toggle_kwargs=toggled,
         peak_rss_mb=round(rss, 1),
-        peak_rss_with_naive_mb=round(peak_rss_mb(), 1),
+        naive_peak_rss_mb=round(naive_rss_mb, 1) if naive_rss_mb is not None else None,
         segment_reuse=segment_reuse,
         cache_stats=stats,
         long_conversations=long_conversations,
@@ -913,8 +1021,9 @@ def report_text(r: BenchReport) -> str:
     if r.toggle_median_ms is not None and r.toggle_max_ms is not None:
         lines.append(f"kwarg toggle     median {r.toggle_median_ms:.2f} ms, max {r.toggle_max_ms:.1f} ms over "
                      f"{r.toggle_cells} cells ({', '.join(f'{m}: {k}' for m, k in r.toggle_kwargs.items())})")
-    lines.append(f"peak RSS         {r.peak_rss_mb:8.1f} MiB  (after the naive baseline too: "
-                 f"{r.peak_rss_with_naive_mb:.1f} MiB)")
+    naive_rss = f"; the naive baseline's own process: {r.naive_peak_rss_mb:.1f} MiB" \
+        if r.naive_peak_rss_mb is not None else ""
+    lines.append(f"peak RSS         {r.peak_rss_mb:8.1f} MiB  (models loaded, matrices and toggles run{naive_rss})")
     if r.long_conversations:
         lc = r.long_conversations
         lines.append(f"long prompts     {lc['whole_s']:8.3f} s whole vs {lc['segmented_s']:.3f} s segment-cached "
