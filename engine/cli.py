@@ -742,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline_cmd.set_defaults(func=cmd_timeline)
 
     bench = sub.add_parser("bench", help="cold start, full matrix, tokenization floor, naive baseline, memory")
-    bench.add_argument("--repeat", type=int, default=3, help="runs of the matrix / floor passes; the best counts")
+    bench.add_argument("--repeat", type=int, default=3, help="rounds of the timed passes; the best of each counts")
     bench.add_argument("--models", help="a part of the default matrix (default: all of it)")
     bench.add_argument("--scenarios")
     bench.add_argument("--engines")
