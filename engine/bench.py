@@ -101,6 +101,7 @@ class BenchReport:
     naive_cell_requests: int
     naive_paths: dict[str, str]
     naive_ids_differ: int  # requests whose naive ids differ from the matrix's (should be 0)
+    naive_ids_compared: int  # distinct requests both rendered (the others refused by either)
     # The web app's click: one cell recomputed with a boolean kwarg flipped, caches warm from the matrix.
     toggle_cells: int
     toggle_median_ms: float | None  # None when no model has a boolean kwarg
@@ -386,8 +387,8 @@ def _output_digest(output: list[int] | str) -> str:
 class NaiveProcess:
     """The naive baseline in a process of its own, timed on demand. In this process, its transformers tokenizers
     (a second copy of every tokenizer, about 500 MB) slowed the tokenizer library's encode of the matrix's own
-    tokenizers: the floor took 1.2 s before they were built and 1.9-2.2 s with them alive, back to 1.3 s when they
-    were dropped. The rounds time the floor and the matrix beside the baseline, so it lives elsewhere."""
+    tokenizers: the floor took 1.2 s before they were built and 1.85-2.2 s with them alive, 1.35 s once they were
+    dropped. The rounds time the floor and the matrix beside the baseline, so it lives elsewhere."""
 
     def __init__(self, models: tuple[str, ...], requests: dict[str, dict[str, list[RenderRequest]]],
                  distinct: dict[str, list[RenderRequest]]) -> None:
@@ -857,7 +858,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     toggle_times, toggled = _toggles(request)
     rss = peak_rss_mb()
 
-    differ = 0
+    differ = compared = 0
     cell_requests: dict[str, list[RenderRequest]] = {m: [] for m in models}
     baseline: NaiveProcess | None = None
     if naive:
@@ -867,10 +868,14 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         for model_id in models:
             model = load_model(model_id)
             for r, theirs in zip(distinct[model_id], baseline.digests[model_id]):
+                if theirs is None:
+                    continue  # the baseline refused it
                 try:
-                    differ += theirs is not None and theirs != _output_digest(_ours(model, r))
+                    ours = _output_digest(_ours(model, r))
                 except Exception:  # noqa: BLE001 - refused by ours
-                    pass
+                    continue
+                compared += 1
+                differ += theirs != ours
 
     def matrix_pass(explain: bool = True) -> Callable[[], float]:
         def timed() -> float:
@@ -894,12 +899,14 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         "matrix_cold": lambda: _cold_matrix(request)}
     if baseline is not None:
         passes["naive"] = functools.partial(baseline.seconds, "all")
-    progress(f"{repeat} rounds of: {', '.join(passes)}")
-    rounds = _rounds(repeat, passes, progress)
-    naive_cells_s = baseline.seconds("cells") if baseline is not None else None
-    naive_rss_mb = baseline.peak_rss_mb() if baseline is not None else None
-    if baseline is not None:
-        baseline.close()
+    progress(f"{repeat} round{'s' if repeat > 1 else ''} of: {', '.join(passes)}")
+    try:
+        rounds = _rounds(repeat, passes, progress)
+        naive_cells_s = baseline.seconds("cells") if baseline is not None else None
+        naive_rss_mb = baseline.peak_rss_mb() if baseline is not None else None
+    finally:
+        if baseline is not None:
+            baseline.close()
     floor_s, render_s, matrix_s = min(rounds["floor"]), min(rounds["render"]), min(rounds["matrix"])
     matrix_without_causes_s = min(rounds["matrix_without_causes"])
     matrix_causes_searched_s = min(rounds["matrix_causes_searched"])
@@ -957,6 +964,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         naive_cell_requests=sum(len(v) for v in cell_requests.values()),
         naive_paths=baseline.paths if baseline is not None else {},
         naive_ids_differ=differ,
+        naive_ids_compared=compared,
         toggle_cells=len(toggle_times),
         toggle_median_ms=round(statistics.median(toggle_times) * 1000, 3) if toggle_times else None,
         toggle_max_ms=round(max(toggle_times) * 1000, 3) if toggle_times else None,
@@ -1012,7 +1020,8 @@ def report_text(r: BenchReport) -> str:
     if r.naive_s is not None and r.naive_cells_s is not None and r.speedup_vs_naive is not None:
         lines += [
             f"naive            {r.naive_s:8.3f} s  ({r.naive_requests} requests; cells only: {r.naive_cells_s:.3f} s "
-            f"for {r.naive_cell_requests}); ids differing from the matrix: {r.naive_ids_differ}",
+            f"for {r.naive_cell_requests}); ids differing from the matrix: {r.naive_ids_differ} of "
+            f"{r.naive_ids_compared} distinct requests",
             f"naive / matrix   {r.speedup_vs_naive:8.2f} x  (every cause searched: "
             f"{r.speedup_causes_searched_vs_naive} x)",
         ]
