@@ -60,6 +60,9 @@ class BenchReport:
     cells: int
     matrix_s: float
     matrix_runs_s: list[float]
+    # Each round's own ratios (that round's matrix / floor, naive / matrix, cold / floor): how far the machine's
+    # drift moved them within this run, beside the ratios of the bests.
+    ratios_by_round: dict[str, list[float]]
     cell_median_ms: float
     cell_max_ms: float
     # The same matrix without the persisted result cache, every release's worker stopped first: what a first run
@@ -283,6 +286,13 @@ def _rounds(repeat: int, passes: dict[str, Callable[[], float]],
         for name, timed in passes.items():
             times[name].append(timed())
     return times
+
+
+def _ratios_by_round(rounds: dict[str, list[float]]) -> dict[str, list[float]]:
+    ratios = {"matrix_to_floor": ("matrix", "floor"), "naive_to_matrix": ("naive", "matrix"),
+              "cold_to_floor": ("matrix_cold", "floor")}
+    return {name: [round(a / b, 2) for a, b in zip(rounds[top], rounds[bottom])]
+            for name, (top, bottom) in ratios.items() if top in rounds}
 
 
 def naive_path(model: LoadedModel) -> tuple[str, Callable[[RenderRequest], list[int] | str]]:
@@ -935,6 +945,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         cells=len(cells),
         matrix_s=round(matrix_s, 4),
         matrix_runs_s=[round(t, 4) for t in rounds["matrix"]],
+        ratios_by_round=_ratios_by_round(rounds),
         cell_median_ms=round(statistics.median(cell_times) * 1000, 3),
         cell_max_ms=round(max(cell_times) * 1000, 3),
         distinct_strings=sum(len(v) for v in strings.values()),
@@ -1011,6 +1022,8 @@ def report_text(r: BenchReport) -> str:
         "store)",
         f"matrix cold      {r.matrix_cold_s:8.3f} s  (an empty result cache, workers stopped first; "
         f"{r.ratio_cold_to_floor} x the floor)",
+        "each round's     " + "; ".join(f"{name.replace('_to_', ' / ')} {', '.join(f'{x:.2f}' for x in values)}"
+                                       for name, values in r.ratios_by_round.items()),
     ]
     lines += [
         f"render once      {r.render_s:8.3f} s  ({r.distinct_renders} distinct of {r.render_calls} render calls; "

@@ -132,6 +132,10 @@ def test_bench_json_contract() -> None:
                 "matrix_causes_searched_s", "ratio_causes_searched_to_floor", "speedup_causes_searched_vs_naive"):
         assert isinstance(data[key], float) and data[key] > 0, key
     assert 0 <= data["blame_share"] < 1
+    # --repeat 1: one round, whose own ratios are the report's
+    assert data["ratios_by_round"] == {"matrix_to_floor": [data["ratio_to_floor"]],
+                                       "naive_to_matrix": [data["speedup_vs_naive"]],
+                                       "cold_to_floor": [data["ratio_cold_to_floor"]]}
     # qwen3.5's pinned columns are the emulations, but blame's fix hint re-runs a breaking cell with sglang@0.5.12,
     # which runs its own code: the result cache is asked (how much it answers depends on what earlier runs kept),
     # nothing in it is rejected
