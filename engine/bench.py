@@ -289,9 +289,11 @@ def _rounds(repeat: int, passes: dict[str, Callable[[], float]],
 
 
 def _ratios_by_round(rounds: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each round's matrix / floor, naive / matrix and cold / floor (a ratio over a pass that took no time left out:
+    a matrix of models without a tokenizer has no floor)."""
     ratios = {"matrix_to_floor": ("matrix", "floor"), "naive_to_matrix": ("naive", "matrix"),
               "cold_to_floor": ("matrix_cold", "floor")}
-    return {name: [round(a / b, 2) for a, b in zip(rounds[top], rounds[bottom])]
+    return {name: [round(a / b, 2) for a, b in zip(rounds[top], rounds[bottom]) if b > 0]
             for name, (top, bottom) in ratios.items() if top in rounds}
 
 
