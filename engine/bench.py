@@ -259,15 +259,6 @@ def _provenance_read(renderer: Any) -> int:
     return sum(rendered.provenance_computed for rendered in memo.values())
 
 
-def _best(passes: int, run: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(passes):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _timed(run: Callable[[], object]) -> Callable[[], float]:
     """`run`, returning the seconds it took."""
     def timed() -> float:
@@ -275,6 +266,10 @@ def _timed(run: Callable[[], object]) -> Callable[[], float]:
         run()
         return time.perf_counter() - start
     return timed
+
+
+def _best(passes: int, run: Callable[[], object]) -> float:
+    return min(_timed(run)() for _ in range(passes))
 
 
 def _rounds(repeat: int, passes: dict[str, Callable[[], float]],
@@ -387,11 +382,6 @@ def _naive(model_ids: tuple[str, ...], requests: dict[str, list[RenderRequest]],
     return time.perf_counter() - start
 
 
-def _request_json(r: RenderRequest) -> dict:
-    return {"messages": r.messages, "tools": r.tools, "add_generation_prompt": r.add_generation_prompt,
-            "kwargs": r.kwargs}
-
-
 def _output_digest(output: list[int] | str) -> str:
     return hashlib.sha256(json.dumps(output).encode()).hexdigest()
 
@@ -407,9 +397,8 @@ class NaiveProcess:
         """`requests`: the request sets to time, by name; `distinct`: the requests whose ids `digests` gives."""
         self.proc = subprocess.Popen([sys.executable, "-c", "from engine.bench import naive_process; naive_process()"],
                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        ready = self._ask({"models": list(models), "distinct": {m: [_request_json(r) for r in rs]
-                                                                for m, rs in distinct.items()},
-                           "requests": {name: {m: [_request_json(r) for r in rs] for m, rs in by_model.items()}
+        ready = self._ask({"models": list(models), "distinct": {m: [vars(r) for r in rs] for m, rs in distinct.items()},
+                           "requests": {name: {m: [vars(r) for r in rs] for m, rs in by_model.items()}
                                         for name, by_model in requests.items()}})
         self.paths: dict[str, str] = ready["paths"]
         self.digests: dict[str, list[str | None]] = ready["digests"]  # None: the request was refused
@@ -439,12 +428,9 @@ class NaiveProcess:
 
 def naive_process() -> None:
     """The naive baseline's process (NaiveProcess): one JSON message a line on stdin, one reply a line on stdout."""
-    def request(raw: dict) -> RenderRequest:
-        return RenderRequest(raw["messages"], raw["tools"], raw["add_generation_prompt"], raw["kwargs"])
-
     setup = json.loads(sys.stdin.readline())
     models = tuple(setup["models"])
-    sets = {name: {m: [request(r) for r in rs] for m, rs in by_model.items()}
+    sets = {name: {m: [RenderRequest(**r) for r in rs] for m, rs in by_model.items()}
             for name, by_model in setup["requests"].items()}
     paths = {m: naive_path(load_model(m)) for m in models}
     digests: dict[str, list[str | None]] = {}
@@ -452,7 +438,7 @@ def naive_process() -> None:
         digests[model_id] = []
         for raw in raws:
             try:
-                digests[model_id].append(_output_digest(paths[model_id][1](request(raw))))
+                digests[model_id].append(_output_digest(paths[model_id][1](RenderRequest(**raw))))
             except Exception:  # noqa: BLE001 - a refusal: compared with nothing
                 digests[model_id].append(None)
     print(json.dumps({"paths": {m: p[0] for m, p in paths.items()}, "digests": digests}), flush=True)
