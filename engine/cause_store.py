@@ -16,40 +16,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
-import re
 from array import array
-from pathlib import Path
 from typing import Any
 
+from engine.fingerprint import code_fingerprint
 from engine.scenario import Scenario
-from engine.serving.real.results import FingerprintFolder, hash_files, persisted_results_enabled, result_cache
+from engine.serving.real.results import FingerprintFolder, persisted_results_enabled, result_cache
 from engine.serving.spec import EngineSpec
 from engine.types import Boundary, Cause, Contrast, Edit, Fix, Location
 
-ROOT = Path(__file__).resolve().parents[1]
 STORE = "causes"  # the result store's folder for them
-
-
-@functools.cache
-def code_fingerprint() -> str:
-    """The sha256 of the code and data a cause is computed with: every module of `engine`, the model manifests and
-    the versions of the packages requirements.txt installs (transformers, jinja2, tokenizers, …)."""
-    digest = hashlib.sha256()
-    hash_files(digest, [path for path in [*sorted((ROOT / "engine").rglob("*.py")),
-                                          *sorted((ROOT / "model_assets").rglob("*"))]
-                        if "__pycache__" not in path.parts])
-    for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
-        name = re.match(r"\s*([A-Za-z0-9_.\-]+)", line.split("#", 1)[0])
-        if name:
-            try:
-                version = importlib.metadata.version(name.group(1))
-            except importlib.metadata.PackageNotFoundError:
-                version = "-"
-            digest.update(f"{name.group(1)}=={version}\0".encode())
-    return digest.hexdigest()
 
 
 def _hash_boundary(digest: Any, b: Boundary) -> None:
