@@ -24,6 +24,7 @@ sees half of one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -198,14 +199,16 @@ class ResultCache:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._root = str(folder)
         self.memory: OrderedDict[str, dict] = OrderedDict()
         self.lock = threading.Lock()
         self.hits = self.misses = self.rejected = 0
         self.used: set[FingerprintFolder] = set()  # by this process: its prunes keep them
         self.pruning: dict[str, threading.Thread] = {}  # spec -> the prune its first use started
 
-    def _path(self, folder: FingerprintFolder, key: str) -> Path:
-        return self.folder / folder.spec / folder.fingerprint / key[:2] / f"{key}.json"
+    def _path(self, folder: FingerprintFolder, key: str) -> str:
+        # A string: a warm matrix reads thousands of entries, and four pathlib joins cost more than the read.
+        return f"{self._root}{os.sep}{folder.spec}{os.sep}{folder.fingerprint}{os.sep}{key[:2]}{os.sep}{key}.json"
 
     def get(self, folder: FingerprintFolder, key: str) -> dict | None:
         with self.lock:
@@ -217,7 +220,8 @@ class ResultCache:
         self._use(folder)
         path = self._path(folder, key)
         try:
-            raw = path.read_bytes()
+            with open(path, "rb") as entry:
+                raw = entry.read()
         except FileNotFoundError:
             self.misses += 1
             return None
@@ -227,7 +231,8 @@ class ResultCache:
         if reply is None:
             self.rejected += 1
             self.misses += 1
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
             return None
         self._remember(key, reply)
         self.hits += 1
@@ -245,7 +250,7 @@ class ResultCache:
         self._remember(key, reply)
         self._use(folder)
         try:
-            fetch.write_atomic(self._path(folder, key), _entry(key, _canonical(reply)))
+            fetch.write_atomic(Path(self._path(folder, key)), _entry(key, _canonical(reply)))
         except OSError:
             pass  # a read-only or full cache only costs the next run a worker call
 
@@ -367,17 +372,23 @@ def _size(fingerprint: str, folders: list[Path]) -> FolderSize:
 
 
 _CACHES: dict[Path, ResultCache] = {}
+_CACHES_BY_SETTING: dict[tuple[str | None, Path], ResultCache] = {}  # asked at every ask and every render
 _CACHES_LOCK = threading.Lock()
 
 
 def result_cache() -> ResultCache:
     """The cache under the current engine cache folder (one per folder: tests point DRIFT_ENGINE_CACHE elsewhere), or
     in DRIFT_RESULT_CACHE_DIR (the bench's cold run: an empty cache beside the cached sources)."""
-    folder = Path(os.environ.get("DRIFT_RESULT_CACHE_DIR") or fetch.cache_dir() / "results")
+    setting = (os.environ.get("DRIFT_RESULT_CACHE_DIR") or None, fetch.cache_dir())
+    cache = _CACHES_BY_SETTING.get(setting)
+    if cache is not None:
+        return cache
+    folder = Path(setting[0] or setting[1] / "results")
     with _CACHES_LOCK:
         cache = _CACHES.get(folder)
         if cache is None:
             cache = _CACHES[folder] = ResultCache(folder)
+        _CACHES_BY_SETTING[setting] = cache
         return cache
 
 
