@@ -56,7 +56,9 @@ class BenchReport:
     cold_start_includes_imports: bool  # transformers etc. were first imported during it (a fresh process)
     # The figures the ratios divide (the matrix in its four forms, the floor, the render and the naive baseline) are
     # timed once a round, `repeat` rounds one after another, the best of each kept (run_bench: _rounds).
-    # The full default matrix, every cache (cells, renders, strings, segments) emptied before each run; best run.
+    # The full default matrix, every cache in memory (cells, renders, strings, segments) emptied before each run, the
+    # persisted ones warm (the releases' answers, proved causes, the templates' kept prompts: engine/render_store.py,
+    # read from disk as a fresh process reads them); best run.
     cells: int
     matrix_s: float
     matrix_runs_s: list[float]
@@ -66,7 +68,8 @@ class BenchReport:
     cell_median_ms: float
     cell_max_ms: float
     # The same matrix without the persisted result cache, every release's worker stopped first: what a first run
-    # pays for the real code (worker start-up and every parse and request-side render asked anew); best run.
+    # pays for the real code (worker start-up and every parse and request-side render asked anew, every prompt
+    # rendered); best run.
     matrix_cold_s: float
     ratio_cold_to_floor: float | None
     # The same matrix without causes (status and prefixes only, as the web app's grid shows it); best run.
@@ -86,9 +89,10 @@ class BenchReport:
     floor_s: float
     floor_project_s: float  # the same strings through the project's whole-string encode (ids + char offsets)
     ratio_to_floor: float | None
-    # Rendering: each distinct request the matrix renders, rendered once (text only, as the matrix renders first,
-    # uncached); best pass. Then the same with the per-character provenance read (the recording render too), and
-    # how many of the matrix's distinct renders had their provenance read (the bridge, and blame at a break).
+    # Rendering: each distinct request the matrix renders, rendered once by its template (text only, as the matrix
+    # renders first, uncached, never read from the store of prompts); best pass. Then the same with the per-character
+    # provenance read (the recording render too), and how many of the matrix's distinct renders had their provenance
+    # read (the bridge, and blame at a break).
     render_calls: int
     distinct_renders: int
     render_s: float
@@ -1000,9 +1004,9 @@ def report_text(r: BenchReport) -> str:
         f"{r.characters} chars, tokenized whole by the library; project encode {r.floor_project_s:.3f} s)",
     ]
     if r.ratio_to_floor is not None:
-        lines.append(f"matrix / floor   {r.ratio_to_floor:8.2f} x  (the releases' answers from the persisted result "
-                     f"cache: {r.result_cache['hits']} hits, {r.result_cache['misses']} misses, "
-                     f"{r.result_cache['rejected']} rejected)")
+        lines.append(f"matrix / floor   {r.ratio_to_floor:8.2f} x  (the releases' answers, proved causes and "
+                     f"templates' prompts from the persisted result cache: {r.result_cache['hits']} hits, "
+                     f"{r.result_cache['misses']} misses, {r.result_cache['rejected']} rejected)")
     lines += [
         f"matrix, no causes {r.matrix_without_causes_s:7.3f} s",
         f"matrix, every cause searched {r.matrix_causes_searched_s:.3f} s  ({r.ratio_causes_searched_to_floor} x the "

@@ -3,7 +3,7 @@ fingerprint, which fingerprint today's code reads, and what a prune removed (eng
 
 from __future__ import annotations
 
-from engine.cause_store import STORE, cause_folder
+from engine import cause_store, render_store
 from engine.errors import ExplorerError
 from engine.serving.proxies.litellm import answer_folder
 from engine.serving.real.backend import release_dependencies
@@ -14,8 +14,10 @@ from engine.serving.real.results import KEEP_FINGERPRINTS, ResultCache, SpecRepo
 def current_fingerprint(spec: str) -> str | None:
     """The fingerprint under which this code reads `spec`'s answers (None: a release not in the engine cache)."""
     engine, _, version = spec.partition("@")
-    if spec == STORE:
-        return cause_folder().fingerprint
+    if spec == cause_store.STORE:
+        return cause_store.cause_folder().fingerprint
+    if spec == render_store.STORE:
+        return render_store.render_folder().fingerprint
     if engine == "litellm" and version:
         return answer_folder(version).fingerprint
     if engine not in ENGINES or not version:

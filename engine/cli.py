@@ -803,8 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "silent session's state goes to disk (its next request takes it back; default 300)")
     watch.set_defaults(func=cmd_watch)
 
-    cache = sub.add_parser("cache", help="the result cache of the releases' answers and proved causes: what each "
-                           "spec holds per code fingerprint; --prune removes what no current code reads")
+    cache = sub.add_parser("cache", help="the result cache of the releases' answers, proved causes and kept prompts: "
+                           "what each spec holds per code fingerprint; --prune removes what no current code reads")
     cache.add_argument("--prune", action="store_true", help="remove every spec's folders of other fingerprints but "
                        "the most recently used (the flat layout's too)")
     cache.add_argument("--keep", type=int, metavar="N", help="fingerprints kept per spec, the current one included "

@@ -18,6 +18,7 @@ from engine.assets import AssetSpec, ResolvedAsset, resolve_asset
 from engine.errors import AssetError, ExplorerError
 from engine.render import Renderer
 from engine.render.cache import CachedRenderer
+from engine.render_store import PersistedRenders
 from engine.tokenize import Tokenizer, load_hf_tokenizer, segment_cached_hf, segment_cached_tiktoken
 
 MODEL_ASSETS = Path(__file__).resolve().parent.parent / "model_assets"
@@ -227,7 +228,8 @@ def load_model(model_id: str, renderer: str | None = None, assets_dir: Path | No
     spec = load_spec(model_id)
     kind = renderer or spec.renderer
     render, render_asset = build_renderer(spec, kind, assets_dir)
-    render = CachedRenderer(render)  # each distinct request rendered once (engine/render/cache.py)
+    # Each distinct request rendered once (engine/render/cache.py), and a template's texts kept across runs
+    render = CachedRenderer(render, store=PersistedRenders())
     hashes = {render_asset.name: render_asset.sha256}
     sources = {render_asset.name: render_asset.source}
     tokenizer: Tokenizer | None = None

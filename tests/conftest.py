@@ -21,6 +21,9 @@ for _name, _seconds in (("DRIFT_ENGINE_STARTUP_TIMEOUT_S", "600"), ("DRIFT_ENGIN
 # suite checks the search, and a test that monkeypatches the explorer's code changes what no stored key covers.
 # tests/test_cause_store.py turns the store on for itself.
 os.environ["DRIFT_CAUSE_STORE"] = "0"
+# Prompts are rendered, not read from the store of an earlier run's (engine/render_store.py), for the same reasons;
+# tests/test_render_store.py turns it on for itself.
+os.environ["DRIFT_RENDER_STORE"] = "0"
 
 # The bound on one run of the app's script in streamlit.testing's AppTest (a first run computes the default matrix):
 # a bound for a hang, not a speed test, generous for a loaded machine.

@@ -2,6 +2,7 @@
 (`python tests/snapshots/regenerate.py`) and says which cells moved and why."""
 
 import json
+import os
 
 import pytest
 
@@ -11,7 +12,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_engine]
 
 
 def test_default_matrix_equals_the_snapshot():
-    now = default_matrix_json()
+    _assert_snapshot(default_matrix_json())
+
+
+def test_default_matrix_from_kept_prompts_equals_the_snapshot(monkeypatch) -> None:
+    # The store of prompts on (the suite turns it off, tests/conftest.py), in the engine cache as a user's run keeps
+    # it: the first run keeps what it renders (or reads what a run of this code kept), the second reads it all back.
+    from engine.render_store import STORE, render_folder
+    from engine.serving.real.results import result_cache
+
+    monkeypatch.setenv("DRIFT_RENDER_STORE", "1")
+    folder = result_cache().folder / STORE / render_folder().fingerprint
+    _assert_snapshot(default_matrix_json())
+    kept = sum(len(files) for _, _, files in os.walk(folder))
+    assert kept >= 960  # the distinct requests of the default matrix's Jinja templates that do not read the clock
+    _assert_snapshot(default_matrix_json())
+
+
+def _assert_snapshot(now: bytes) -> None:
     if now == DEFAULT_MATRIX.read_bytes():
         return
     # Name the cells that moved, so the failure says what to explain.

@@ -5,18 +5,24 @@ flipped, and the web app re-renders a column when one cell changes: most renders
 are functions of (messages, tools, add_generation_prompt, kwargs), and `Rendered` is immutable, so a repeat
 returns the first result. (A template that reads the clock, like GPT-OSS's `strftime_now` date, keeps the date of
 its first render for as long as the entry lives; one that calls Jinja's `random` gets a fixed draw.)
+
+Given a `RenderStore`, a renderer that names what its text depends on besides the request (`persisted_identity`, a
+Jinja template's source and special tokens) also keeps each text across runs (engine.render_store), and a request
+rendered in an earlier run is read back instead of rendered again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 import threading
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from engine.render import Renderer
-from engine.types import Rendered
+from engine.types import Provenance, Rendered
 
 
 def request_key(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
@@ -40,16 +46,38 @@ def request_key(messages: list[dict], tools: list[dict] | None, add_generation_p
     return buffer.getvalue()
 
 
+@dataclass(frozen=True)
+class KeptRender:
+    """What a store keeps of one render: its text, and which message and template line produced each character once
+    something has read them (the bridge does, to find where the new messages start)."""
+
+    text: str
+    provenance: Provenance | None = None
+
+
+class RenderStore(Protocol):
+    """Renders kept across runs, by a key that covers everything they were rendered from (engine.render_store)."""
+
+    def get(self, key: str) -> KeptRender | None: ...
+
+    def keep(self, key: str, kept: KeptRender) -> None: ...
+
+
 class CachedRenderer:
     """Wraps any Renderer; everything but `render` is the wrapped renderer's own."""
 
-    def __init__(self, inner: Renderer, max_entries: int = 2048) -> None:
+    def __init__(self, inner: Renderer, max_entries: int = 2048, store: RenderStore | None = None) -> None:
         self.inner = inner
         self._max_entries = max_entries
         self._memo: OrderedDict[bytes | str, Rendered] = OrderedDict()
         self._lock = threading.Lock()  # the web app renders from several threads
         self.hits = 0
         self.misses = 0
+        self.stored_hits = 0  # of the misses, those read back from the store
+        # What the text depends on besides the request; None: not kept across runs (the clock, random, no store).
+        identity = getattr(inner, "persisted_identity", None) if store is not None else None
+        self.store = store if identity is not None else None
+        self._identity: bytes = identity or b""
 
     @property
     def origin(self) -> str:
@@ -72,7 +100,7 @@ class CachedRenderer:
     def cache_clear(self) -> None:
         with self._lock:
             self._memo.clear()
-            self.hits = self.misses = 0
+            self.hits = self.misses = self.stored_hits = 0
         inner_clear = getattr(self.inner, "cache_clear", None)
         if inner_clear is not None:
             inner_clear()  # e.g. a Jinja renderer's converted messages
@@ -87,9 +115,44 @@ class CachedRenderer:
                 self.hits += 1
                 return hit
             self.misses += 1
-        rendered = self.inner.render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        stored_key = hashlib.sha256(self._identity + key).hexdigest() \
+            if self.store is not None and isinstance(key, bytes) else None  # a repr key may hold an address
+        kept = self.store.get(stored_key) if stored_key is not None else None
+        if kept is not None:
+            rendered = self._from_store(stored_key, kept, messages, tools, add_generation_prompt, kwargs)
+            with self._lock:
+                self.stored_hits += 1
+        else:
+            rendered = self.inner.render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            if stored_key is not None:
+                self.store.keep(stored_key, KeptRender(str(rendered.text)))
+                rendered = self._keeping_provenance(stored_key, rendered)
         with self._lock:
             self._memo[key] = rendered
             if len(self._memo) > self._max_entries:
                 self._memo.popitem(last=False)
         return rendered
+
+    def _from_store(self, key: str, kept: KeptRender, messages: list[dict], tools: list[dict] | None,
+                    add_generation_prompt: bool, kwargs: dict | None) -> Rendered:
+        if kept.provenance is not None:
+            return Rendered(text=kept.text, message_index=kept.provenance[0], source_line=kept.provenance[1],
+                            source_path=self.inner.source_path, origin=self.inner.origin)
+        return self._keeping_provenance(key, self.inner.stored(kept.text, messages, tools,
+                                                               add_generation_prompt=add_generation_prompt,
+                                                               kwargs=kwargs))
+
+    def _keeping_provenance(self, key: str, rendered: Rendered) -> Rendered:
+        """`rendered`, its provenance kept beside its text once something reads it."""
+        compute = rendered.provenance
+        store = self.store
+        if compute is None or store is None:
+            return rendered
+
+        def provenance() -> Provenance:
+            message_index, source_line = compute()
+            store.keep(key, KeptRender(str(rendered.text), (tuple(message_index), tuple(source_line))))
+            return message_index, source_line
+
+        return Rendered(text=rendered.text_source, source_path=rendered.source_path, origin=rendered.origin,
+                        provenance=provenance, known_prefix=rendered.known_prefix)

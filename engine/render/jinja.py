@@ -17,6 +17,8 @@ and is the full render of that overlay otherwise.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import operator
 import os
 import sys
@@ -197,6 +199,27 @@ class JinjaRenderer:
 
     def source_lines(self) -> list[str]:
         return self._source.splitlines()
+
+    @property
+    def persisted_identity(self) -> bytes | None:
+        """What this template's text depends on besides the request, for a store that keeps prompts across runs
+        (engine.render_store): the sha256 of its source and the special tokens it is given. None for a template that
+        can render one request two ways (it reads the clock with `strftime_now`, or draws with `random` or
+        `lipsum`), and for a subclass that watches every output (the sandbox's limits run on every render)."""
+        if self._records_every_output or any(name in self._source for name in ("strftime_now", "random", "lipsum")):
+            return None
+        return hashlib.sha256(json.dumps([self._source, sorted(self._special_tokens.items())],
+                                         ensure_ascii=True).encode()).digest()
+
+    def stored(self, text: str, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+               kwargs: dict | None = None) -> Rendered:
+        """The prompt of a request this template rendered in an earlier run, as its text was kept
+        (`persisted_identity`); which message and line produced each character is recorded when first read, from
+        the request as it is now (a message is not changed in place once rendered: `_template_messages`)."""
+        def provenance() -> Provenance:
+            return self._provenance_of(text, *self.template_context(messages, tools, add_generation_prompt, kwargs))
+
+        return Rendered(text=text, source_path=self.source_path, origin=self.origin, provenance=provenance)
 
     def _instrumented(self) -> InstrumentedTemplate:
         # Compiled on first use (20-50 ms): only cause attribution renders through it.
