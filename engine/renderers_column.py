@@ -33,6 +33,7 @@ from engine.errors import ExplorerError, RenderError
 from engine.formats import Completion, get_format
 from engine.models import LoadedModel
 from engine.prefix import common_prefix
+from engine.render.cache import render_kept
 from engine.scenario import Scenario
 from engine.serving.bridge import bridge_prompt, sampled_completion_ids
 from engine.serving.raw import raw_request
@@ -208,8 +209,8 @@ def _template_difference(model: LoadedModel, messages: list[dict], tools: list[d
     template = model.renderer.inner if hasattr(model.renderer, "inner") else model.renderer
     name = getattr(template, "source_path", "") or model.spec.renderer
     try:
-        real = model.renderer.render(raw_request(messages, get_format(model.spec.family).arguments_in_history), tools,
-                                     add_generation_prompt=True, kwargs=kwargs)
+        real = render_kept(model.renderer, raw_request(messages, get_format(model.spec.family).arguments_in_history),
+                           tools, add_generation_prompt=True, kwargs=kwargs)
     except RenderError as err:
         return f"request {request}: the model's template cannot render these messages ({err})"
     differs = _first_difference(model.tokenizer, ids, token_ids(model.tokenizer, real.text))
@@ -238,8 +239,8 @@ def _bridge_difference(model: LoadedModel, boundary_parts: tuple, new_messages: 
     arguments = get_format(model.spec.family).arguments_in_history
     try:
         ours = bridge_prompt(model, prompt, completion, assistant, new_messages, assistant_index,
-                             lambda messages: model.renderer.render(raw_request(messages, arguments), tools,
-                                                                    add_generation_prompt=True, kwargs=kwargs))
+                             lambda messages: render_kept(model.renderer, raw_request(messages, arguments), tools,
+                                                          add_generation_prompt=True, kwargs=kwargs))
     except RenderError as err:
         return f"request {request}: the model's template cannot render the new messages ({err})"
     kept = len(prompt.text) + len(completion.text)

@@ -22,6 +22,7 @@ from engine.formats.base import prompt_opens_reasoning
 from engine.memo import BlameMemo
 from engine.models import LoadedModel, load_model
 from engine.prefix import common_prefix
+from engine.render.cache import render_kept
 from engine.scenario import Scenario, load_scenario
 from engine.serving.base import EngineEmulation, RequestPrep
 from engine.serving.bridge import (
@@ -441,8 +442,8 @@ def _roundtrip(model: LoadedModel, scenario: Scenario, engine: EngineSpec, kwarg
                 edits = tuple(e for e in edits if e != overrides.request_undo)
         else:
             to_render = raw_request(messages, fmt.arguments_in_history)
-        rendered = model.renderer.render(to_render, tools, add_generation_prompt=generation_prompt,
-                                         kwargs=template_kwargs)
+        rendered = render_kept(model.renderer, to_render, tools, add_generation_prompt=generation_prompt,
+                               kwargs=template_kwargs)
         last_request[0] = RenderRequest(to_render, tools, generation_prompt, template_kwargs, sent=sent)
         return rendered, edits
 

@@ -1,6 +1,7 @@
-"""The store of prompts (engine/render_store.py): a template's text for a request, kept across runs and read back
-equal, with the same provenance; another key for anything the text depends on; nothing kept for a template that can
-render one request two ways, or when the store is off; a tampered entry rendered again."""
+"""The store of prompts (engine/render_store.py): a template's text for a request asked to be kept, kept across runs
+and read back equal, with the same provenance; another key for anything the text depends on; nothing kept for a
+template that can render one request two ways, a request only rendered, or when the store is off; a tampered entry
+rendered again."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _kept(root: Path) -> list[Path]:
 
 
 def _render(renderer: CachedRenderer, **kwargs):
-    return renderer.render(MESSAGES, TOOLS, add_generation_prompt=True, kwargs=kwargs)
+    return renderer.render_kept(MESSAGES, TOOLS, add_generation_prompt=True, kwargs=kwargs)
 
 
 def _next_run() -> None:
@@ -107,7 +108,7 @@ def test_anything_the_text_depends_on_is_another_key(empty_store) -> None:
         assert other.stored_hits == 0
         assert len(_kept(empty_store)) == count
     flipped = _template("qwen3.6")
-    flipped.render(MESSAGES, TOOLS, add_generation_prompt=False)
+    flipped.render_kept(MESSAGES, TOOLS, add_generation_prompt=False)
     assert flipped.stored_hits == 0 and len(_kept(empty_store)) == 5
 
 
@@ -121,8 +122,17 @@ def test_a_template_that_reads_the_clock_is_never_kept(empty_store) -> None:
         assert "strftime_now" in load_model(model_id).renderer.inner.template_source
         renderer = _template(model_id)
         assert renderer.store is None
-        renderer.render([{"role": "user", "content": "Hi."}], None, add_generation_prompt=True)
+        renderer.render_kept([{"role": "user", "content": "Hi."}], None, add_generation_prompt=True)
     assert _kept(empty_store) == []
+
+
+def test_only_what_is_asked_to_be_kept_is_kept(empty_store) -> None:
+    # A trace's or a session's requests are rendered with `render`: kept in memory for the run, not on disk
+    renderer = _template("qwen3.6")
+    plain = renderer.render(MESSAGES, TOOLS, add_generation_prompt=True)
+    assert _kept(empty_store) == []
+    kept = _template("qwen3.6")
+    assert str(_render(kept).text) == str(plain.text) and len(_kept(empty_store)) == 1
 
 
 def test_nothing_is_kept_or_read_when_the_store_is_off(empty_store, monkeypatch) -> None:

@@ -7,8 +7,11 @@ returns the first result. (A template that reads the clock, like GPT-OSS's `strf
 its first render for as long as the entry lives; one that calls Jinja's `random` gets a fixed draw.)
 
 Given a `RenderStore`, a renderer that names what its text depends on besides the request (`persisted_identity`, a
-Jinja template's source and special tokens) also keeps each text across runs (engine.render_store), and a request
-rendered in an earlier run is read back instead of rendered again.
+Jinja template's source and special tokens) also keeps the texts of the requests asked through `render_kept` across
+runs (engine.render_store), and such a request rendered in an earlier run is read back instead of rendered again. The
+matrix asks so for its scenarios' requests: scripted, few, and asked again run after run. A trace's or a session's
+requests are the user's own, rendered once per analysis and as large as the trace (a session's prompts add up to the
+square of its length): `render`, kept in memory only.
 """
 
 from __future__ import annotations
@@ -107,6 +110,15 @@ class CachedRenderer:
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
                kwargs: dict | None = None) -> Rendered:
+        return self._render(messages, tools, add_generation_prompt, kwargs, kept=False)
+
+    def render_kept(self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+                    kwargs: dict | None = None) -> Rendered:
+        """`render`, the text read from the store where an earlier run kept it, else kept there."""
+        return self._render(messages, tools, add_generation_prompt, kwargs, kept=True)
+
+    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                kwargs: dict | None, kept: bool) -> Rendered:
         key = request_key(messages, tools, add_generation_prompt, kwargs)
         with self._lock:
             hit = self._memo.get(key)
@@ -116,10 +128,10 @@ class CachedRenderer:
                 return hit
             self.misses += 1
         stored_key = hashlib.sha256(self._identity + key).hexdigest() \
-            if self.store is not None and isinstance(key, bytes) else None  # a repr key may hold an address
-        kept = self.store.get(stored_key) if stored_key is not None else None
-        if kept is not None:
-            rendered = self._from_store(stored_key, kept, messages, tools, add_generation_prompt, kwargs)
+            if kept and self.store is not None and isinstance(key, bytes) else None  # a repr key may hold an address
+        found = self.store.get(stored_key) if stored_key is not None else None
+        if found is not None:
+            rendered = self._from_store(stored_key, found, messages, tools, add_generation_prompt, kwargs)
             with self._lock:
                 self.stored_hits += 1
         else:
@@ -156,3 +168,10 @@ class CachedRenderer:
 
         return Rendered(text=rendered.text_source, source_path=rendered.source_path, origin=rendered.origin,
                         provenance=provenance, known_prefix=rendered.known_prefix)
+
+
+def render_kept(renderer: Renderer, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+                kwargs: dict | None = None) -> Rendered:
+    """`renderer.render_kept` where the renderer keeps texts across runs (a CachedRenderer), else its `render`."""
+    render = getattr(renderer, "render_kept", None) or renderer.render
+    return render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
