@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -731,15 +732,20 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
             "models": list(models), "calls": list(calls), "points": points, "growth_exponent": exponents}
 
 
-def _cold_matrix(request: MatrixRequest) -> float:
+def _cold_matrix(request: MatrixRequest, under: Path) -> float:
     """The matrix as on a machine whose result cache is empty: every release answer asked of a worker started for
-    it (once per job: what the run asks again it has cached by then), written to a new, empty result cache."""
+    it (once per job: what the run asks again it has cached by then), written to a new, empty result cache in a
+    folder of its own under `under`.
+
+    The caller deletes `under` after the last round, not each round's cache after its run: on ext4, a file created
+    within minutes of thousands deleted nearby costs a scan past them (the kernel's `recently_deleted`), and a cold
+    run writes some 3,300 files. Deleted each round, the next cold round's parent spent up to 3.7 s of system time
+    creating them, against 0.6-0.9 s beside none deleted: a cost of the bench's own deletions, not of a first run."""
     from engine.serving.real.backend import stop_workers
 
     clear_run_caches(request.models)
     stop_workers()
-    with (tempfile.TemporaryDirectory(prefix="drift-cold-results-") as empty,
-          _environment("DRIFT_RESULT_CACHE_DIR", empty)):
+    with _environment("DRIFT_RESULT_CACHE_DIR", tempfile.mkdtemp(prefix="round-", dir=under)):
         start = time.perf_counter()
         run_matrix(request)
         return time.perf_counter() - start
@@ -895,10 +901,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     # a ratio then divides two times taken within one round of each other. This machine's speed drifts (the floor
     # 1.25-2.09 s within hours), and a figure timed once, minutes from the others, moved its ratio with it (the naive
     # baseline alone ran at 5.2-11.0x the floor across four runs of one evening).
+    cold_caches = Path(tempfile.mkdtemp(prefix="drift-cold-results-"))  # each cold round's cache, kept to the end
     passes: dict[str, Callable[[], float]] = {
         "floor": _timed(floor_pass), "render": _timed(render_pass), "matrix": matrix_pass(),
         "matrix_without_causes": matrix_pass(explain=False), "matrix_causes_searched": causes_searched_pass,
-        "matrix_cold": lambda: _cold_matrix(request)}
+        "matrix_cold": lambda: _cold_matrix(request, cold_caches)}
     if baseline is not None:
         passes["naive"] = functools.partial(baseline.seconds, "all")
     progress(f"{repeat} round{'s' if repeat > 1 else ''} of: {', '.join(passes)}")
@@ -909,6 +916,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     finally:
         if baseline is not None:
             baseline.close()
+        shutil.rmtree(cold_caches, ignore_errors=True)
     floor_s, render_s, matrix_s = min(rounds["floor"]), min(rounds["render"]), min(rounds["matrix"])
     matrix_without_causes_s = min(rounds["matrix_without_causes"])
     matrix_causes_searched_s = min(rounds["matrix_causes_searched"])
