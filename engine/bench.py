@@ -198,6 +198,10 @@ def cold_start(model_ids: tuple[str, ...]) -> tuple[float, dict[str, float], boo
     return time.perf_counter() - start, per_model, fresh_imports
 
 
+# A CachedRenderer's two ways to render (engine/render/cache.py): the matrix asks render_kept for its scenarios'
+RENDER_METHODS = ("render", "render_kept")
+
+
 class _Recorder:
     """Wraps each model's tokenizer and renderer instance for one run: the strings tokenized, the requests rendered."""
 
@@ -210,17 +214,20 @@ class _Recorder:
         for model_id in self.model_ids:
             model = load_model(model_id)
             renderer = model.renderer
-            original_render = renderer.render
             requests = self.requests[model_id]
+            for method in RENDER_METHODS:
+                original_render = getattr(renderer, method, None)
+                if original_render is None:
+                    continue
 
-            def render(messages, tools, *, add_generation_prompt, kwargs=None, _render=original_render,
-                       _requests=requests):
-                # Deep copies: the simulator keeps appending to the history list it rendered.
-                _requests.append(RenderRequest(copy.deepcopy(messages), copy.deepcopy(tools), add_generation_prompt,
-                                               copy.deepcopy(kwargs)))
-                return _render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+                def render(messages, tools, *, add_generation_prompt, kwargs=None, _render=original_render,
+                           _requests=requests):
+                    # Deep copies: the simulator keeps appending to the history list it rendered.
+                    _requests.append(RenderRequest(copy.deepcopy(messages), copy.deepcopy(tools),
+                                                   add_generation_prompt, copy.deepcopy(kwargs)))
+                    return _render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
 
-            renderer.render = render  # instance attribute, removed on exit
+                setattr(renderer, method, render)  # instance attribute, removed on exit
             tokenizer = model.tokenizer
             if tokenizer is None:
                 continue
@@ -240,7 +247,8 @@ class _Recorder:
     def __exit__(self, *exc: object) -> None:
         for model_id in self.model_ids:
             model = load_model(model_id)
-            model.renderer.__dict__.pop("render", None)
+            for method in RENDER_METHODS:
+                model.renderer.__dict__.pop(method, None)
             if model.tokenizer is not None:
                 for method in ("encode", "encode_ids"):
                     model.tokenizer.__dict__.pop(method, None)
@@ -792,6 +800,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     # the floor and the naive baseline are measured on it
     with _Recorder(models) as recorder, _causes_searched():
         cells = run_matrix(request)
+    renderers = [load_model(m).renderer for m in models]
+    asked = sum(r.hits + r.misses for r in renderers)
+    if asked != sum(map(len, recorder.requests.values())):  # the baseline must render what the matrix renders
+        raise ExplorerError(f"the bench recorded {sum(map(len, recorder.requests.values()))} of the matrix's {asked} "
+                            f"render calls: it does not wrap a way the matrix renders ({', '.join(RENDER_METHODS)})")
     stats = {}
     for model_id in models:
         tokenizer = load_model(model_id).tokenizer
