@@ -67,7 +67,7 @@ class RenderStore(Protocol):
 
 
 class CachedRenderer:
-    """Wraps any Renderer; everything but `render` is the wrapped renderer's own."""
+    """Wraps any Renderer; everything but `render` and `render_kept` is the wrapped renderer's own."""
 
     def __init__(self, inner: Renderer, max_entries: int = 2048, store: RenderStore | None = None) -> None:
         self.inner = inner
