@@ -35,6 +35,7 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.matrix import MatrixRequest, default_request, run_matrix
 from engine.models import LoadedModel, load_model, load_spec, special_token_vars
+from engine.render.cache import RENDER_METHODS
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
@@ -196,10 +197,6 @@ def cold_start(model_ids: tuple[str, ...]) -> tuple[float, dict[str, float], boo
         load_model(model_id)
         per_model[model_id] = time.perf_counter() - begin
     return time.perf_counter() - start, per_model, fresh_imports
-
-
-# A CachedRenderer's two ways to render (engine/render/cache.py): the matrix asks render_kept for its scenarios'
-RENDER_METHODS = ("render", "render_kept")
 
 
 class _Recorder:

@@ -17,7 +17,7 @@ from conversations import CONVERSATIONS
 from engine.errors import RenderError
 from engine.matrix import MatrixRequest, boundary_json, run_matrix
 from engine.models import LoadedModel, default_model_ids, load_model, load_spec
-from engine.render.cache import CachedRenderer, request_key
+from engine.render.cache import RENDER_METHODS, CachedRenderer, request_key
 from engine.render.deepseek_v4 import DeepSeekV4Renderer
 from engine.render.jinja import JinjaRenderer
 from engine.scenario import scenario_ids
@@ -57,18 +57,21 @@ def _recording(requests: dict[str, dict[str, tuple]]) -> Iterator[None]:
     renderers = {m: load_model(m).renderer for m in default_model_ids()}
     for model_id, renderer in renderers.items():
         seen = requests.setdefault(model_id, {})
+        for method in RENDER_METHODS:  # the matrix renders its scenarios' requests with render_kept
+            original = getattr(renderer, method)
 
-        def render(messages, tools, *, add_generation_prompt, kwargs=None, _inner=renderer.render, _seen=seen):
-            request = copy.deepcopy((messages, tools, add_generation_prompt, kwargs))
-            _seen.setdefault(_key(*request), request)
-            return _inner(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            def render(messages, tools, *, add_generation_prompt, kwargs=None, _inner=original, _seen=seen):
+                request = copy.deepcopy((messages, tools, add_generation_prompt, kwargs))
+                _seen.setdefault(_key(*request), request)
+                return _inner(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
 
-        renderer.render = render  # an instance attribute, removed below
+            setattr(renderer, method, render)  # an instance attribute, removed below
     try:
         yield
     finally:
         for renderer in renderers.values():
-            renderer.__dict__.pop("render", None)
+            for method in RENDER_METHODS:
+                renderer.__dict__.pop(method, None)
 
 
 @pytest.fixture(scope="module")

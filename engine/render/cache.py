@@ -49,6 +49,10 @@ def request_key(messages: list[dict], tools: list[dict] | None, add_generation_p
     return buffer.getvalue()
 
 
+# A CachedRenderer's ways to render: what watches every render (the bench's recorder, a test's) wraps each.
+RENDER_METHODS = ("render", "render_kept")
+
+
 @dataclass(frozen=True)
 class KeptRender:
     """What a store keeps of one render: its text, and which message and template line produced each character once
