@@ -15,9 +15,10 @@ ROOT = HERE.parent.parent
 DEFAULT_MATRIX = HERE / "default_matrix.json"
 
 
-def default_matrix_json() -> bytes:
-    """The default matrix JSON as the CLI writes it, from a fresh process (no cache of this one leaks in)."""
-    done = subprocess.run([sys.executable, "-m", "engine", "matrix", "--json", "-"], cwd=ROOT,
+def default_matrix_json(*args: str) -> bytes:
+    """The default matrix JSON as the CLI writes it (narrowed by `args`, e.g. --models), from a fresh process (no
+    cache of this one leaks in)."""
+    done = subprocess.run([sys.executable, "-m", "engine", "matrix", *args, "--json", "-"], cwd=ROOT,
                           capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"python -m engine matrix exited {done.returncode}: {done.stderr.decode()[-2000:]}")
