@@ -1,6 +1,7 @@
-"""Prompts kept across runs: the text a chat template rendered for a request, stored in the engine cache's result
-store (engine.serving.real.results, under `renders/<fingerprint>/`, the fingerprint of `code_fingerprint()`) and read
-back instead of rendering that request again (engine.render.cache.CachedRenderer).
+"""Prompts kept across runs: the text a chat template rendered for one of the matrix's scenario requests
+(`CachedRenderer.render_kept`), stored in the engine cache's result store (engine.serving.real.results, under
+`renders/<fingerprint>/`, the fingerprint of `code_fingerprint()`) and read back instead of rendering that request
+again (engine.render.cache.CachedRenderer).
 
 A key covers everything the text is computed from: the template's source and the special tokens it is given
 (`JinjaRenderer.persisted_identity`) and the request (messages, tools, add_generation_prompt, kwargs, told apart as
