@@ -801,11 +801,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     # the floor and the naive baseline are measured on it
     with _Recorder(models) as recorder, _causes_searched():
         cells = run_matrix(request)
-    renderers = [load_model(m).renderer for m in models]
-    asked = sum(r.hits + r.misses for r in renderers)
-    if asked != sum(map(len, recorder.requests.values())):  # the baseline must render what the matrix renders
-        raise ExplorerError(f"the bench recorded {sum(map(len, recorder.requests.values()))} of the matrix's {asked} "
-                            f"render calls: it does not wrap a way the matrix renders ({', '.join(RENDER_METHODS)})")
+    asked = sum(load_model(m).renderer.hits + load_model(m).renderer.misses for m in models)
+    recorded = sum(map(len, recorder.requests.values()))
+    if asked != recorded:  # the baseline must render what the matrix renders
+        raise ExplorerError(f"the bench recorded {recorded} of the matrix's {asked} render calls: it does not wrap a "
+                            f"way the matrix renders ({', '.join(RENDER_METHODS)})")
     stats = {}
     for model_id in models:
         tokenizer = load_model(model_id).tokenizer
