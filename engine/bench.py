@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -74,6 +75,12 @@ class BenchReport:
     # rendered); best run.
     matrix_cold_s: float
     ratio_cold_to_floor: float | None
+    # That run's CPU seconds: the explorer's process (every thread, user and system), each release's worker, their
+    # total; and the total over this machine's cores, the least wall any sharing of that work between them could take
+    # (a cold run is bound by it when the cores are busy throughout), beside the floor.
+    matrix_cold_cpu_s: dict[str, Any]
+    cold_cpu_bound_s: float
+    ratio_cold_cpu_bound_to_floor: float | None
     # The same matrix without causes (status and prefixes only, as the web app's grid shows it); best run.
     matrix_without_causes_s: float
     # The same matrix with every cause searched for anew (the store of proved causes off, engine/cause_store.py; all
@@ -150,8 +157,6 @@ def peak_rss_mb(field: str = "VmHWM") -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
@@ -737,23 +742,29 @@ def long_session(models: tuple[str, ...] = LONG_SESSION_MODELS, calls: tuple[int
             "models": list(models), "calls": list(calls), "points": points, "growth_exponent": exponents}
 
 
-def _cold_matrix(request: MatrixRequest, under: Path) -> float:
+def _cold_matrix(request: MatrixRequest, under: Path, cpu: list[dict[str, Any]]) -> float:
     """The matrix as on a machine whose result cache is empty: every release answer asked of a worker started for
     it (once per job: what the run asks again it has cached by then), written to a new, empty result cache in a
-    folder of its own under `under`.
+    folder of its own under `under`. Appends to `cpu` the CPU seconds the run took in the explorer's process (every
+    thread, user and system) and in each release's worker (alive at its end: started by it).
 
     The caller deletes `under` after the last round, not each round's cache after its run: on ext4, a file created
     within minutes of thousands deleted nearby costs a scan past them (the kernel's `recently_deleted`), and a cold
     run writes some 3,300 files. Deleted each round, the next cold round's parent spent up to 3.7 s of system time
     creating them, against 0.6-0.9 s beside none deleted: a cost of the bench's own deletions, not of a first run."""
-    from engine.serving.real.backend import stop_workers
+    from engine.serving.real.backend import stop_workers, worker_cpu_s
 
     clear_run_caches(request.models)
     stop_workers()
     with _environment("DRIFT_RESULT_CACHE_DIR", tempfile.mkdtemp(prefix="round-", dir=under)):
+        before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         run_matrix(request)
         elapsed = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        workers = worker_cpu_s()
+        cpu.append({"explorer": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+                    "workers": workers})
         # The answers this cache holds in memory are never read again (about 49,000 objects a round, which every
         # later full collection would walk)
         result_cache().clear_memory()
@@ -916,10 +927,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     # 1.25-2.09 s within hours), and a figure timed once, minutes from the others, moved its ratio with it (the naive
     # baseline alone ran at 5.2-11.0x the floor across four runs of one evening).
     cold_caches = Path(tempfile.mkdtemp(prefix="drift-cold-results-"))  # each cold round's cache, kept to the end
+    cold_cpu: list[dict[str, Any]] = []  # each cold round's CPU, round by round
     passes: dict[str, Callable[[], float]] = {
         "floor": _timed(floor_pass), "render": _timed(render_pass), "matrix": matrix_pass(),
         "matrix_without_causes": matrix_pass(explain=False), "matrix_causes_searched": causes_searched_pass,
-        "matrix_cold": lambda: _cold_matrix(request, cold_caches)}
+        "matrix_cold": lambda: _cold_matrix(request, cold_caches, cold_cpu)}
     if baseline is not None:
         passes["naive"] = functools.partial(baseline.seconds, "all")
     progress(f"{repeat} round{'s' if repeat > 1 else ''} of: {', '.join(passes)}")
@@ -935,6 +947,9 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
     matrix_without_causes_s = min(rounds["matrix_without_causes"])
     matrix_causes_searched_s = min(rounds["matrix_causes_searched"])
     matrix_cold_s = min(rounds["matrix_cold"])
+    cold_round_cpu = cold_cpu[rounds["matrix_cold"].index(matrix_cold_s)]  # the CPU of the round reported
+    cold_cpu_total = cold_round_cpu["explorer"] + sum(cold_round_cpu["workers"].values())
+    cold_cpu_bound_s = cold_cpu_total / (os.cpu_count() or 1)
     naive_s = min(rounds["naive"]) if naive else None
 
     segment_reuse = {m: getattr(load_model(m).tokenizer, "segment_note", "no tokenizer") for m in models}
@@ -970,6 +985,11 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         ratio_to_floor=round(matrix_s / floor_s, 2) if floor_s else None,
         matrix_cold_s=round(matrix_cold_s, 4),
         ratio_cold_to_floor=round(matrix_cold_s / floor_s, 2) if floor_s else None,
+        matrix_cold_cpu_s={"explorer": round(cold_round_cpu["explorer"], 3),
+                           "workers": {spec: round(t, 3) for spec, t in sorted(cold_round_cpu["workers"].items())},
+                           "total": round(cold_cpu_total, 3)},
+        cold_cpu_bound_s=round(cold_cpu_bound_s, 4),
+        ratio_cold_cpu_bound_to_floor=round(cold_cpu_bound_s / floor_s, 2) if floor_s else None,
         matrix_without_causes_s=round(matrix_without_causes_s, 4),
         matrix_causes_searched_s=round(matrix_causes_searched_s, 4),
         ratio_causes_searched_to_floor=round(matrix_causes_searched_s / floor_s, 2) if floor_s else None,
@@ -1036,6 +1056,10 @@ def report_text(r: BenchReport) -> str:
         "store)",
         f"matrix cold      {r.matrix_cold_s:8.3f} s  (an empty result cache, workers stopped first; "
         f"{r.ratio_cold_to_floor} x the floor)",
+        f"matrix cold, CPU {r.matrix_cold_cpu_s['total']:8.3f} s  (explorer {r.matrix_cold_cpu_s['explorer']:.3f} s"
+        + "".join(f", {spec} {t:.3f} s" for spec, t in r.matrix_cold_cpu_s["workers"].items())
+        + f"; over {r.cpu_count} cores at least {r.cold_cpu_bound_s:.3f} s, {r.ratio_cold_cpu_bound_to_floor} x the "
+        "floor)",
         "each round's     " + "; ".join(f"{name.replace('_to_', ' / ')} {', '.join(f'{x:.2f}' for x in values)}"
                                        for name, values in r.ratios_by_round.items()),
     ]

@@ -132,6 +132,17 @@ def test_bench_json_contract() -> None:
                 "matrix_causes_searched_s", "ratio_causes_searched_to_floor", "speedup_causes_searched_vs_naive"):
         assert isinstance(data[key], float) and data[key] > 0, key
     assert 0 <= data["blame_share"] < 1
+    # The cold run's CPU: the explorer's, and each pinned release's worker, which the run starts for the vllm and
+    # sglang columns (engine.serving.registry.spawn_releases); their total over the machine's cores is the least wall
+    # it could take.
+    cpu = data["matrix_cold_cpu_s"]
+    assert set(cpu) == {"explorer", "workers", "total"} and cpu["explorer"] > 0
+    assert list(cpu["workers"]) == ["sglang@0.5.12", "sglang@0.5.23", "vllm@0.33.0"]
+    assert all(seconds > 0 for seconds in cpu["workers"].values())
+    assert cpu["total"] == pytest.approx(cpu["explorer"] + sum(cpu["workers"].values()), abs=0.002)
+    assert data["cold_cpu_bound_s"] == pytest.approx(cpu["total"] / data["cpu_count"], abs=0.002)
+    # (the ratio is of the unrounded figures)
+    assert data["ratio_cold_cpu_bound_to_floor"] == pytest.approx(data["cold_cpu_bound_s"] / data["floor_s"], rel=0.01)
     # --repeat 1: one round, whose own ratios are the report's
     assert data["ratios_by_round"] == {"matrix_to_floor": [data["ratio_to_floor"]],
                                        "naive_to_matrix": [data["speedup_vs_naive"]],

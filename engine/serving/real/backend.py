@@ -212,6 +212,13 @@ def ask_release(engine: str, version: str, job: dict, timeout_s: float, *, offli
     return reply
 
 
+def worker_cpu_s() -> dict[str, float]:
+    """The CPU seconds each live worker's process has used, by engine@version (those /proc cannot tell left out)."""
+    with _WORKERS_LOCK:
+        workers = list(_WORKERS.items())
+    return {spec: cpu for spec, worker in workers if (cpu := worker.cpu_s()) is not None}
+
+
 def stop_workers() -> None:
     """Stop every worker; the next one of a release reads its dependencies afresh (a newer one may be cached now)."""
     _dependencies.cache_clear()

@@ -160,6 +160,20 @@ class PipelinedProcess:
             assert pending.reply is not None
             return pending.reply
 
+    def cpu_s(self) -> float | None:
+        """The CPU seconds (user and system) the current process has used so far, from Linux's /proc; None when no
+        process is alive or /proc cannot tell."""
+        proc = self.proc
+        if proc is None:
+            return None
+        try:
+            with open(f"/proc/{proc.pid}/stat", "rb") as stat:
+                # the fields after the command's parenthesised name: utime and stime are the 12th and 13th
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
     def stop(self) -> int | None:
         """Kill the current process; a request it was answering gets `failure`, those behind it go to a fresh one."""
         with self._state:
