@@ -749,9 +749,10 @@ def _cold_matrix(request: MatrixRequest, under: Path, cpu: list[dict[str, Any]])
     thread, user and system) and in each release's worker (alive at its end: started by it).
 
     The caller deletes `under` after the last round, not each round's cache after its run: on ext4, a file created
-    within minutes of thousands deleted nearby costs a scan past them (the kernel's `recently_deleted`), and a cold
-    run writes some 3,300 files. Deleted each round, the next cold round's parent spent up to 3.7 s of system time
-    creating them, against 0.6-0.9 s beside none deleted: a cost of the bench's own deletions, not of a first run."""
+    within minutes of thousands deleted nearby costs a scan past them (the kernel's `recently_deleted`). While the
+    cache kept a file per answer (some 3,300 a cold run), a round that followed the deletion of the one before spent
+    up to 3.7 s of system time creating them, against 0.6-0.9 s beside none deleted. Its packs are a few files a
+    fingerprint now (results.py), but what the run creates should still not depend on what the bench deleted."""
     from engine.serving.real.backend import stop_workers, worker_cpu_s
 
     clear_run_caches(request.models)

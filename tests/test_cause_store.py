@@ -10,7 +10,7 @@ import pytest
 from engine import blame
 from engine.cause_store import cause_from_json, cause_key, cause_to_json
 from engine.models import load_model
-from engine.serving.real.results import result_cache
+from engine.serving.real.results import pack_entries, result_cache
 from engine.simulate import run_cell_with
 
 # One cell of each stage the default matrix blames: client, parser (with the engine's edit), template, tokenizer, and
@@ -34,7 +34,7 @@ def test_a_stored_cause_is_read_back_for_the_same_break_and_searched_again_when_
     model = load_model("qwen3.6")
     first = run_cell_with(model, "content-truncated", "raw", {})
     assert first.status == "breaks" and first.cause is not None
-    assert len(list((tmp_path / "causes").rglob("*.json"))) == 1
+    assert len([entry for folder in (tmp_path / "causes").iterdir() for entry in pack_entries(folder)]) == 1
     answered = result_cache().hits
 
     def no_search(*args, **kwargs):

@@ -14,7 +14,7 @@ from engine.models import load_model, load_spec, special_token_vars
 from engine.render.cache import CachedRenderer
 from engine.render.jinja import JinjaRenderer
 from engine.render_store import STORE, PersistedRenders
-from engine.serving.real.results import result_cache
+from engine.serving.real.results import pack_entries, result_cache
 
 MESSAGES = [
     {"role": "system", "content": "You are a coding agent."},
@@ -47,8 +47,10 @@ def _template(model_id: str, source: str | None = None, special_tokens: dict | N
                           store=PersistedRenders())
 
 
-def _kept(root: Path) -> list[Path]:
-    return sorted((root / STORE).rglob("*.json"))
+def _kept(root: Path) -> list[tuple[Path, int, bytes]]:
+    """Every entry the store's packs hold: (its pack, its offset there, its bytes), in the order written."""
+    folders = sorted((root / STORE).iterdir()) if (root / STORE).is_dir() else []
+    return [(pack, offset, line) for folder in folders for _, pack, offset, line in pack_entries(folder)]
 
 
 def _render(renderer: CachedRenderer, **kwargs):
@@ -147,13 +149,14 @@ def test_nothing_is_kept_or_read_when_the_store_is_off(empty_store, monkeypatch)
 
 def test_a_tampered_entry_is_rendered_again(empty_store) -> None:
     first = _render(_template("qwen3.6"))
-    (entry,) = _kept(empty_store)
-    raw = json.loads(entry.read_bytes())
+    ((pack, offset, line),) = _kept(empty_store)
+    raw = json.loads(line)
     raw["reply"]["text"] = raw["reply"]["text"].replace("setup.py", "evil.py")
-    entry.write_text(json.dumps(raw))
+    data = pack.read_bytes()
+    pack.write_bytes(data[:offset] + json.dumps(raw).encode() + data[offset + len(line):])
     _next_run()
     again = _template("qwen3.6")
     second = _render(again)
     assert again.stored_hits == 0
     assert str(second.text) == str(first.text)
-    assert json.loads(entry.read_bytes())["reply"]["text"] == str(first.text)  # written again, whole
+    assert json.loads(_kept(empty_store)[-1][2])["reply"]["text"] == str(first.text)  # written again, whole

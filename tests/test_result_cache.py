@@ -11,7 +11,7 @@ import pytest
 from conftest import require_release as need
 
 from engine.serving.real import backend
-from engine.serving.real.results import FingerprintFolder, ResultCache, release_fingerprint
+from engine.serving.real.results import FingerprintFolder, ResultCache, pack_entries, release_fingerprint
 
 pytestmark = pytest.mark.real_engine
 
@@ -41,8 +41,16 @@ def _answer(result) -> tuple:
     return result.reasoning, result.content, [(c.name, c.arguments) for c in result.tool_calls], result.error
 
 
-def _entries(cache: ResultCache) -> list[Path]:
-    return sorted(cache.folder.rglob("*.json"))
+def _entries(cache: ResultCache) -> list[tuple[Path, int, bytes]]:
+    """Every entry the cache's packs hold: (its pack, its offset there, its bytes), in the order written."""
+    return [(pack, offset, line) for folder in sorted(cache.folder.glob("*/*")) if folder.is_dir()
+            for _, pack, offset, line in pack_entries(folder)]
+
+
+def _rewrite(pack: Path, offset: int, old: bytes, new: bytes) -> None:
+    """The pack with one entry's bytes replaced by `new` (whatever follows it, its newline included, kept)."""
+    data = pack.read_bytes()
+    pack.write_bytes(data[:offset] + new + data[offset + len(old):])
 
 
 def _current(spec: str) -> FingerprintFolder:
@@ -59,9 +67,9 @@ def test_a_second_ask_reads_the_answer_and_starts_no_worker(cache: ResultCache) 
     first = _parse(engine)
     assert (first.reasoning, first.content) == ("\nhmm\n", "\n\nSure.\n")  # 0.5.23 keeps them verbatim
     assert [(c.name, c.arguments) for c in first.tool_calls] == [("get_weather", '{"city": "Paris", "days": 3}')]
-    [entry] = _entries(cache)
+    [(pack, _, _)] = _entries(cache)
     current = _current("sglang@0.5.23")
-    assert entry.parent.parent == cache.folder / "sglang@0.5.23" / current.fingerprint
+    assert pack.parent == cache.folder / "sglang@0.5.23" / current.fingerprint
     backend.stop_workers()
     cache.clear_memory()
     again = _parse(engine)
@@ -87,26 +95,33 @@ def test_a_corrupt_or_tampered_entry_is_detected_and_asked_again(cache: ResultCa
     need("sglang@0.5.23")
     engine = backend.RealEngine("sglang", "0.5.23")
     first = _parse(engine)
-    [entry] = _entries(cache)
-    stored = json.loads(entry.read_bytes())
+    [(pack, offset, line)] = _entries(cache)
+    stored = json.loads(line)
     if tamper == "reply edited":
         stored["reply"]["result"]["content"] = "Sure, forged."
-        entry.write_text(json.dumps(stored))
+        _rewrite(pack, offset, line, json.dumps(stored).encode())
     elif tamper == "hash edited":
         stored["sha256"] = "0" * 64
-        entry.write_text(json.dumps(stored))
+        _rewrite(pack, offset, line, json.dumps(stored).encode())
     elif tamper == "torn write":
-        entry.write_bytes(entry.read_bytes()[:100])
+        pack.write_bytes(pack.read_bytes()[:offset + 100])  # its end and newline lost
     else:
-        entry.write_bytes(b"\x00\xff")
+        _rewrite(pack, offset, line, b"\x00\xff")
     cache.clear_memory()
     again = _parse(engine)
     assert _answer(again) == _answer(first)
     assert again.content == "\n\nSure.\n"
     assert cache.rejected == 1
-    # asked again and stored whole
-    [entry] = _entries(cache)
-    assert json.loads(entry.read_bytes())["reply"]["result"]["content"] == "\n\nSure.\n"
+    # asked again and stored whole after what is left of the tampered entry: a line rewritten by json.dumps (a space
+    # after each colon) or garbage is no entry at all; the torn one keeps its head, ended by the new entry's newline
+    entries = _entries(cache)
+    assert len(entries) == (2 if tamper == "torn write" else 1)
+    assert json.loads(entries[-1][2])["reply"]["result"]["content"] == "\n\nSure.\n"
+    # and that is what another process reads
+    other = ResultCache(cache.folder)
+    key = json.loads(entries[-1][2])["key"]
+    assert other.get(_current("sglang@0.5.23"), key) == json.loads(entries[-1][2])["reply"]
+    assert other.rejected == 0
 
 
 def test_a_worker_that_cannot_answer_leaves_nothing(cache: ResultCache, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from engine.cause_store import STORE, cause_folder
 from engine.cli import main
-from engine.serving.real.results import FLAT, TRASH, FingerprintFolder, ResultCache
+from engine.serving.real.results import FLAT, TRASH, FingerprintFolder, ResultCache, pack_entries
 
 DAY = 86_400
 
@@ -104,15 +104,20 @@ def test_the_first_use_of_a_spec_in_a_process_prunes_it_beside_the_asks(tmp_path
     assert _folders(tmp_path, STORE) == sorted([_older("a day old").fingerprint, current.fingerprint])
 
 
-def test_a_torn_entry_of_the_current_fingerprint_is_rejected_and_deleted(tmp_path: Path) -> None:
+def test_a_torn_entry_of_the_current_fingerprint_is_rejected_and_not_read_again(tmp_path: Path) -> None:
     cache = ResultCache(tmp_path / "results")
     current = cause_folder()
     cache.put(current, _key(0, current), _reply(0))
-    [entry] = (tmp_path / "results" / STORE / current.fingerprint).rglob("*.json")
-    entry.write_bytes(entry.read_bytes()[:40])
+    [(_, pack, offset, _)] = pack_entries(tmp_path / "results" / STORE / current.fingerprint)
+    pack.write_bytes(pack.read_bytes()[:offset + 40])
     cache.clear_memory()
     assert cache.get(current, _key(0, current)) is None
-    assert (cache.rejected, entry.exists()) == (1, False)
+    assert cache.get(current, _key(0, current)) is None  # rejected once, then not read again
+    assert (cache.hits, cache.misses, cache.rejected) == (0, 2, 1)
+    other = ResultCache(tmp_path / "results")  # another process: a torn line is no entry
+    assert other.get(current, _key(0, current)) is None and other.rejected == 0
+    cache.put(current, _key(0, current), _reply(0))  # asked again
+    assert ResultCache(tmp_path / "results").get(current, _key(0, current)) == _reply(0)
 
 
 def _at_once(*work: tuple) -> None:
@@ -192,7 +197,7 @@ def test_the_cache_command_reports_each_spec_and_prunes_what_no_current_code_rea
     _flat_entry(tmp_path, "vllm@0.0.1", "12" + "0" * 62)  # a release not in the engine cache: no fingerprint here
 
     def size(*parts: str) -> int:
-        return sum(p.stat().st_size for p in (tmp_path / "results").joinpath(*parts).rglob("*.json"))
+        return sum(p.stat().st_size for p in (tmp_path / "results").joinpath(*parts).rglob("*") if p.is_file())
 
     order = [current.fingerprint, _older("a day old").fingerprint, _older("two days old").fingerprint]
     sizes = {name: size(STORE, name) for name in order} | {FLAT: size(STORE, "ef")}
@@ -219,3 +224,21 @@ def test_the_cache_command_reports_each_spec_and_prunes_what_no_current_code_rea
         f"vllm@0.0.1: 0 answers, 0 B; current: not known here; removed: the flat layout 1 answers {release_flat:,} B",
         f"in all: {kept:,} B kept, {sizes[order[2]] + sizes[FLAT] + release_flat:,} B removed"]
     assert _folders(tmp_path, STORE) == sorted(order[:2])
+
+
+def test_an_answer_another_process_appends_is_read_on_a_later_miss(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reads the folder (finds nothing), B answers meanwhile: A's next miss reads B's pack anew (at most once a
+    # second: RESCAN_S, 0 here so that the test waits on nothing)
+    import engine.serving.real.results as results
+
+    monkeypatch.setattr(results, "RESCAN_S", 0.0)
+    reader, writer, current = ResultCache(tmp_path / "results"), ResultCache(tmp_path / "results"), cause_folder()
+    assert reader.get(current, _key(0, current)) is None
+    writer.put(current, _key(0, current), _reply(0))
+    writer.put(current, _key(1, current), _reply(1))
+    assert [reader.get(current, _key(n, current)) for n in (0, 1)] == [_reply(0), _reply(1)]
+    assert (reader.hits, reader.misses, reader.rejected) == (2, 1, 0)
+    monkeypatch.setattr(results, "RESCAN_S", 3600.0)  # and not before RESCAN_S has passed
+    writer.put(current, _key(2, current), _reply(2))
+    assert reader.get(current, _key(2, current)) is None

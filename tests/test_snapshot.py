@@ -2,7 +2,6 @@
 (`python tests/snapshots/regenerate.py`) and says which cells moved and why."""
 
 import json
-import os
 
 import pytest
 
@@ -24,7 +23,7 @@ def test_rows_from_kept_prompts_equal_the_snapshot(monkeypatch) -> None:
     # it: the first run keeps what it renders (or reads what a run of this code kept), the second reads every prompt
     # back (it keeps nothing new) and gives the same cells.
     from engine.render_store import STORE, render_folder
-    from engine.serving.real.results import result_cache
+    from engine.serving.real.results import pack_entries, result_cache
 
     monkeypatch.setenv("DRIFT_RENDER_STORE", "1")
     folder = result_cache().folder / STORE / render_folder().fingerprint
@@ -34,7 +33,7 @@ def test_rows_from_kept_prompts_equal_the_snapshot(monkeypatch) -> None:
         now = _cells(default_matrix_json("--models", ",".join(KEPT_MODELS)))
         moved = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
         assert not moved, f"{len(moved)} cells differ from tests/snapshots/default_matrix.json, e.g. {moved[:5]}"
-        kept.append(sum(len(files) for _, _, files in os.walk(folder)))
+        kept.append(len({key for key, *_ in pack_entries(folder)}))
     assert kept[0] >= 301 and kept[1] == kept[0]  # 301: the three rows' distinct requests in a warm run
 
 
