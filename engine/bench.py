@@ -75,9 +75,9 @@ class BenchReport:
     # rendered); best run.
     matrix_cold_s: float
     ratio_cold_to_floor: float | None
-    # That run's CPU seconds: the explorer's process (every thread, user and system), each release's worker, their
-    # total; and the total over this machine's cores, the least wall any sharing of that work between them could take
-    # (a cold run is bound by it when the cores are busy throughout), beside the floor.
+    # That run's CPU seconds: the explorer's process (every thread, user and system; and the system part alone), each
+    # release's worker, their total; and the total over this machine's cores, the least wall any sharing of that work
+    # between them could take (a cold run is bound by it when the cores are busy throughout), beside the floor.
     matrix_cold_cpu_s: dict[str, Any]
     cold_cpu_bound_s: float
     ratio_cold_cpu_bound_to_floor: float | None
@@ -765,7 +765,7 @@ def _cold_matrix(request: MatrixRequest, under: Path, cpu: list[dict[str, Any]])
         after = resource.getrusage(resource.RUSAGE_SELF)
         workers = worker_cpu_s()
         cpu.append({"explorer": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
-                    "workers": workers})
+                    "explorer_system": after.ru_stime - before.ru_stime, "workers": workers})
         # The answers this cache holds in memory are never read again (about 49,000 objects a round, which every
         # later full collection would walk)
         result_cache().clear_memory()
@@ -987,6 +987,7 @@ def run_bench(request: MatrixRequest | None = None, *, repeat: int = 3, naive: b
         matrix_cold_s=round(matrix_cold_s, 4),
         ratio_cold_to_floor=round(matrix_cold_s / floor_s, 2) if floor_s else None,
         matrix_cold_cpu_s={"explorer": round(cold_round_cpu["explorer"], 3),
+                           "explorer_system": round(cold_round_cpu["explorer_system"], 3),
                            "workers": {spec: round(t, 3) for spec, t in sorted(cold_round_cpu["workers"].items())},
                            "total": round(cold_cpu_total, 3)},
         cold_cpu_bound_s=round(cold_cpu_bound_s, 4),
@@ -1057,7 +1058,8 @@ def report_text(r: BenchReport) -> str:
         "store)",
         f"matrix cold      {r.matrix_cold_s:8.3f} s  (an empty result cache, workers stopped first; "
         f"{r.ratio_cold_to_floor} x the floor)",
-        f"matrix cold, CPU {r.matrix_cold_cpu_s['total']:8.3f} s  (explorer {r.matrix_cold_cpu_s['explorer']:.3f} s"
+        f"matrix cold, CPU {r.matrix_cold_cpu_s['total']:8.3f} s  (explorer {r.matrix_cold_cpu_s['explorer']:.3f} s, "
+        f"{r.matrix_cold_cpu_s['explorer_system']:.3f} s of it in the kernel"
         + "".join(f", {spec} {t:.3f} s" for spec, t in r.matrix_cold_cpu_s["workers"].items())
         + f"; over {r.cpu_count} cores at least {r.cold_cpu_bound_s:.3f} s, {r.ratio_cold_cpu_bound_to_floor} x the "
         "floor)",
