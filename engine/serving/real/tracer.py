@@ -19,6 +19,7 @@ import functools
 import inspect
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,20 +154,23 @@ class Tracer:
 
         lines = {rel(path): sorted(executed) for path, executed in sorted(self._lines.items()) if executed}
         kept = sorted({e["seq"]: e for e in [*self.field_edits, *self.edits]}.values(), key=lambda e: e["seq"])
-        edits = [{**{k: v for k, v in e.items() if k != "seq"}, "file": rel(e["file"])} for e in kept]
-        return {"lines": lines, "edits": edits if result is None else answer_edits(edits, result)}
+        if result is not None:  # the few a cause reads, chosen before the others are copied (thousands a vLLM parse)
+            kept = answer_edits(kept, result, rel)
+        return {"lines": lines, "edits": [{**{k: v for k, v in e.items() if k != "seq"}, "file": rel(e["file"])}
+                                          for e in kept]}
 
 
-def answer_edits(edits: list[dict], result: dict) -> list[dict]:
+def answer_edits(edits: list[dict], result: dict, rel: Callable[[str], str]) -> list[dict]:
     """The edits the explorer reads a parse's causes from (backend.traced_edits, backend.field_sources), in order:
     those whose text is a field of the answer as recorded (reasoning, content, a call's arguments, cut at 200
-    characters), every type change, every edit in a reasoning parser's file and every value a function returned. The
-    others (~92 % of a vLLM parser engine's trace: its lexer's and state machine's working strings) are read by
-    neither, and were most of a traced reply (16 MB for the default matrix's 65 vLLM 0.33.0 traced parses)."""
+    characters), every type change, every edit in a reasoning parser's file (`rel`: an edit's file as the report
+    names it) and every value a function returned. The others (~92 % of a vLLM parser engine's trace: its lexer's and
+    state machine's working strings) are read by neither, and were most of a traced reply (16 MB for the default
+    matrix's 65 vLLM 0.33.0 traced parses)."""
     values = [result.get("reasoning"), result.get("content"),
               *(call.get("arguments") for call in result.get("tool_calls") or ())]
     answer = {value[:200] for value in values if isinstance(value, str)}
-    return [e for e in edits if e["kind"] == "type" or e["after"] in answer or "reasoning" in e["file"]
+    return [e for e in edits if e["kind"] == "type" or e["after"] in answer or "reasoning" in rel(e["file"])
             or e["variable"].startswith("return of ")]
 
 
