@@ -179,7 +179,8 @@ _KEY_HEAD = b'{"key":"'
 
 def pack_entries(folder: Path) -> Iterator[tuple[str, Path, int, bytes]]:
     """Each whole entry of a fingerprint folder's packs: (its key, its pack, its offset there, its bytes without the
-    newline), in each pack's order. A torn last line (a writer stopped mid-entry) is left out."""
+    newline), in each pack's order. A torn last line (a writer stopped mid-entry) is left out, and so is a line that
+    is no entry."""
     try:
         packs = sorted(p for p in folder.iterdir() if p.name.endswith(PACK_SUFFIX))
     except OSError:
@@ -189,31 +190,29 @@ def pack_entries(folder: Path) -> Iterator[tuple[str, Path, int, bytes]]:
             data = pack.read_bytes()
         except OSError:
             continue
-        for offset, line in _lines(data, 0):
-            key = _key_of(line)
+        for key, offset, length, _ in _entries_in(data):
             if key is not None:
-                yield key, pack, offset, line
+                yield key, pack, offset, data[offset:offset + length]
 
 
-def _lines(data: bytes, base: int) -> Iterator[tuple[int, bytes]]:
-    """The whole lines of `data` (read from offset `base` of a pack) with their offsets; not a last one that has no
-    newline yet."""
-    start = 0
+def _entries_in(data: bytes) -> Iterator[tuple[str | None, int, int, int]]:
+    """Each whole line of `data` (a pack's bytes, or its tail): the key its entry names (None for a line that is no
+    entry: its head is not `_entry_head`'s), its offset and length in `data` (no newline), and where the next line
+    starts. A last line without its newline yet is left out. The lines are not copied: a pack holds replies of
+    hundreds of KB."""
+    start, head = 0, len(_KEY_HEAD)
     while True:
         end = data.find(b"\n", start)
         if end < 0:
             return
         if end > start:
-            yield base + start, data[start:end]
+            key = None
+            if data.startswith(_KEY_HEAD, start):
+                close = data.find(b'"', start + head, end)
+                if close > 0:
+                    key = data[start + head:close].decode("ascii", "replace")
+            yield key, start, end - start, end + 1
         start = end + 1
-
-
-def _key_of(line: bytes) -> str | None:
-    """The key an entry's line names (its head, as `_entry_head` writes it), None for any other line."""
-    if not line.startswith(_KEY_HEAD):
-        return None
-    end = line.find(b'"', len(_KEY_HEAD))
-    return line[len(_KEY_HEAD):end].decode("ascii", "replace") if end > 0 else None
 
 
 class _Packs:
@@ -261,13 +260,10 @@ class _Packs:
                     data = pack.read()
             except OSError:
                 continue
-            last = start
-            for offset, line in _lines(data, start):
-                key = _key_of(line)
+            for key, offset, length, after in _entries_in(data):
                 if key is not None:
-                    self.index[key] = (name, offset, len(line))
-                last = offset + len(line) + 1
-            self.read_to[name] = last
+                    self.index[key] = (name, start + offset, length)
+                self.read_to[name] = start + after
 
     def read(self, where: tuple[str, int, int]) -> bytes:
         name, offset, length = where
