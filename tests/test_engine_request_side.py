@@ -135,6 +135,26 @@ def test_vllm_renders_gpt_oss_through_harmony():
     assert run_cell("gpt-oss", "reasoning-truncated", "raw").status == "error"
 
 
+def test_a_harmony_prompt_the_release_rendered_carries_the_day_it_was_asked_for(monkeypatch):
+    """vLLM writes the conversation's start date into GPT-OSS's system message (today, unless VLLM_SYSTEM_START_DATE
+    pins it). The day is part of the job, so an answer kept in the result cache on one day is not read back on the
+    next: after midnight, the kept answer's date differed from the column's."""
+    need("vllm@0.33.0")
+    from engine.models import load_model
+    from engine.serving.real.backend import RealEngine
+
+    job = {"renderer": "harmony", "harmony": True, "messages": [{"role": "user", "content": "What day is it?"}],
+           "tools": None, "model_type": "gpt_oss", "reasoning_parser": None, "tool_parser": None,
+           "reasoning_effort": None, "chat_template_kwargs": None}
+    prompts = []
+    tokenizer = load_model("gpt-oss").tokenizer
+    for day in ("2026-01-01", "2026-01-02", "2026-01-01"):  # the third read back from the cache, when it holds it
+        monkeypatch.setenv("VLLM_SYSTEM_START_DATE", day)
+        prompts.append(RealEngine("vllm", "0.33.0").render_request(dict(job), tokenizer)["prompt"])
+    assert [p[p.index("Current date: "):][:len("Current date: 2026-01-01")] for p in prompts] == [
+        "Current date: 2026-01-01", "Current date: 2026-01-02", "Current date: 2026-01-01"]
+
+
 def test_a_release_without_the_renderer_cannot_serve_the_model():
     need("vllm@0.19.1", "sglang@0.5.11")
     cell = run_cell("deepseek-v4", "tool-call", "vllm@0.19.1")

@@ -17,9 +17,11 @@ the model's template, or, where the release renders the model itself (harmony, a
 from __future__ import annotations
 
 import atexit
+import datetime
 import functools
 import hashlib
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -661,6 +663,12 @@ class RealEngine(EngineEmulation):
         one sentence, naming the release's file and line, when its code refuses the request."""
         vocab = (AddedVocab.from_tokenizer(tokenizer) if tokenizer is not None else None) or AddedVocab({}, frozenset())
         job = {"op": "render", "tokenizer": vocab.reference(), **job}
+        if job.get("renderer") == "harmony" and "start_date" not in job:
+            # The release writes the conversation's start date into the system message: today, unless
+            # VLLM_SYSTEM_START_DATE pins it (harmony_utils.get_system_message; engine/render/harmony.py does the same).
+            # The day is then part of the job, and so of its key in the result cache: an answer kept yesterday
+            # carried yesterday's date.
+            job["start_date"] = os.environ.get("VLLM_SYSTEM_START_DATE") or datetime.date.today().isoformat()
         try:
             reply = ask_release(self.name, self.version, job, WorkerLimits.from_env().parse_timeout_s,
                                 offline=self.offline, vocab=vocab)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,8 @@ class Glue:
             owner = Permissive("online_renderer", renderer=Permissive("renderer", tokenizer=tokenizer),
                                reasoning_effort_map={}, supports_browsing=False, supports_code_interpreter=False,
                                model_config=config)
+            # The day the explorer asked for (RealEngine.render_request), as a server pins it with this variable
+            os.environ["VLLM_SYSTEM_START_DATE"] = job.get("start_date") or ""
             _, inputs = online.OnlineRenderer._make_request_with_harmony(owner, request, tool_dicts is not None)
             ids = list(inputs[0]["prompt_token_ids"])
             return {"prompt_ids": ids, "prompt": tokenizer.decode(ids)}
