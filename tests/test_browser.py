@@ -387,17 +387,32 @@ def test_your_traffic_upload_table_break_export(page, app_url) -> None:
     page.get_by_role("option", name="sglang@0.5.23").click()
     # The report of that engine, not the previous run's table: a click during the rerun can land on the old grid.
     page.get_by_text("Session 2 (conversation-2, breaks replayed through sglang@0.5.23)").wait_for()
-    grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
-    grid.scroll_into_view_if_needed()
-    box = grid.bounding_box()
-    assert box is not None
-    # Request 3, which breaks: its row's selection box, reached as a real pointer does (see _click_cell).
-    page.mouse.move(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2, steps=8)
-    page.mouse.down()
-    page.mouse.up()
+    running = page.locator("[data-testid='stStatusWidget']")  # shown while the page reruns
     cause = page.get_by_text("Cause: template", exact=True)
+
+    def select_request_3() -> None:
+        # Not while the page still reruns after the engine was chosen: a press on a grid being drawn again is lost
+        running.wait_for(state="hidden")
+        grid = page.locator("[data-testid='stDataFrame']").nth(1)  # session 2's requests
+        grid.scroll_into_view_if_needed()
+        box = grid.bounding_box()
+        assert box is not None
+        # Request 3, which breaks: its row's selection box, reached as a real pointer does (see _click_cell).
+        page.mouse.move(box["x"] + 14, box["y"] + ROW_HEIGHT * 3 + ROW_HEIGHT / 2, steps=8)
+        page.mouse.down()
+        page.mouse.up()
+
     try:
-        cause.wait_for()
+        select_request_3()
+        try:
+            cause.wait_for(timeout=30_000)
+        except sync_api.TimeoutError:
+            # Seen once in CI, beside the suite's other jobs: the press lost, the row left unselected. A selected
+            # row's page runs until its cause shows, so an idle page without it was not selected: once more.
+            running.wait_for(state="hidden")
+            if not cause.is_visible():
+                select_request_3()
+            cause.wait_for()
     except sync_api.TimeoutError:
         page.screenshot(path=str(SHOTS / "traffic-no-cause.png"), full_page=True)
         raise
