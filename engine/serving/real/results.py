@@ -153,8 +153,11 @@ def _entry(key: str, body: bytes) -> bytes:
     return _entry_head(key, hashlib.sha256(body).hexdigest()) + body + b"}"
 
 
+_KEY_HEAD = b'{"key":"'  # how every entry begins: a pack's lines are told apart by it
+
+
 def _entry_head(key: str, sha256: str) -> bytes:
-    return b'{"key":"' + key.encode() + b'","sha256":"' + sha256.encode() + b'","reply":'
+    return _KEY_HEAD + key.encode() + b'","sha256":"' + sha256.encode() + b'","reply":'
 
 
 def _verified_reply(raw: bytes, key: str) -> dict | None:
@@ -174,7 +177,6 @@ def _verified_reply(raw: bytes, key: str) -> dict | None:
 
 PACK_SUFFIX = ".pack"
 RESCAN_S = 1.0  # a miss reads what other processes appended since, at most this often
-_KEY_HEAD = b'{"key":"'
 
 
 def pack_entries(folder: Path) -> Iterator[tuple[str, Path, int, bytes]]:
@@ -198,8 +200,8 @@ def pack_entries(folder: Path) -> Iterator[tuple[str, Path, int, bytes]]:
 def _entries_in(data: bytes) -> Iterator[tuple[str | None, int, int, int]]:
     """Each whole line of `data` (a pack's bytes, or its tail): the key its entry names (None for a line that is no
     entry: its head is not `_entry_head`'s), its offset and length in `data` (no newline), and where the next line
-    starts. A last line without its newline yet is left out. The lines are not copied: a pack holds replies of
-    hundreds of KB."""
+    starts. A last line without its newline yet is left out. The lines are not copied: a traced reply can be tens of
+    KB."""
     start, head = 0, len(_KEY_HEAD)
     while True:
         end = data.find(b"\n", start)
