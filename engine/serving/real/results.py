@@ -349,7 +349,7 @@ class SpecReport:
 
 
 class ResultCache:
-    """Answers by key: memory first, then the files under `folder` (checked by hash on every read)."""
+    """Answers by key: memory first, then the packs under `folder` (checked by hash on every read)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
