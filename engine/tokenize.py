@@ -358,6 +358,7 @@ class SegmentCachedTokenizer:
         self.all_special_tokens = all_special_tokens
         self._tokens_memo = lru_cache(maxsize=max_strings)(self._tokens_uncached)
         self._ids_memo = lru_cache(maxsize=max_strings)(self._ids_uncached)
+        self._ids_lock = threading.Lock()
         self._segment = lru_cache(maxsize=max_segments)(inner.encode)
         self._segment_ids = lru_cache(maxsize=max_segments)(library_ids(inner))
         # How far past a position the first pass reads to decide whether an added token starts there.
@@ -387,8 +388,11 @@ class SegmentCachedTokenizer:
         return self._tokens_memo(text)
 
     def encode_ids(self, text: str) -> tuple[int, ...]:
-        """`encode(text).ids` without building offsets, which the simulator never reads."""
-        return self._ids_memo(text)
+        """`encode(text).ids` without building offsets, which the simulator never reads. One thread at a time: two
+        threads asking a new string together (a cold matrix's lanes) each missed and tokenized it, and the string
+        misses (`cache_stats`, the bench's floor check) counted it twice."""
+        with self._ids_lock:
+            return self._ids_memo(text)
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self.inner.decode(ids)
