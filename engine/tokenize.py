@@ -388,9 +388,9 @@ class SegmentCachedTokenizer:
         return self._tokens_memo(text)
 
     def encode_ids(self, text: str) -> tuple[int, ...]:
-        """`encode(text).ids` without building offsets, which the simulator never reads. One thread at a time: two
-        threads asking a new string together (a cold matrix's lanes) each missed and tokenized it, and the string
-        misses (`cache_stats`, the bench's floor check) counted it twice."""
+        """`encode(text).ids` without building offsets, which the simulator never reads. One thread at a time:
+        `lru_cache` lets two threads that ask a new string together (a cold matrix's lanes) both miss and tokenize
+        it, and the string misses (`cache_stats`, the bench's floor check) then count it twice."""
         with self._ids_lock:
             return self._ids_memo(text)
 
