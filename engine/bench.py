@@ -14,7 +14,6 @@ none of them alone. A benchmark, not a test: nothing here asserts a timing.
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
 import functools
 import hashlib
@@ -36,7 +35,7 @@ from typing import Any
 from engine.errors import ExplorerError
 from engine.matrix import MatrixRequest, default_request, run_matrix
 from engine.models import LoadedModel, load_model, load_spec, special_token_vars
-from engine.render.cache import RENDER_METHODS
+from engine.render.cache import RENDER_METHODS, watching_renders
 from engine.serving.real.results import result_cache
 from engine.simulate import run_cell, run_cell_with
 from engine.tokenize import clear_loaded_tokenizers, token_ids
@@ -211,25 +210,14 @@ class _Recorder:
         self.model_ids = model_ids
         self.strings: dict[str, dict[str, None]] = {m: {} for m in model_ids}
         self.requests: dict[str, list[RenderRequest]] = {m: [] for m in model_ids}
+        self._renders = contextlib.ExitStack()
 
     def __enter__(self) -> _Recorder:
         for model_id in self.model_ids:
             model = load_model(model_id)
-            renderer = model.renderer
-            requests = self.requests[model_id]
-            for method in RENDER_METHODS:
-                original_render = getattr(renderer, method, None)
-                if original_render is None:
-                    continue
-
-                def render(messages, tools, *, add_generation_prompt, kwargs=None, _render=original_render,
-                           _requests=requests):
-                    # Deep copies: the simulator keeps appending to the history list it rendered.
-                    _requests.append(RenderRequest(copy.deepcopy(messages), copy.deepcopy(tools),
-                                                   add_generation_prompt, copy.deepcopy(kwargs)))
-                    return _render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
-
-                setattr(renderer, method, render)  # instance attribute, removed on exit
+            self._renders.enter_context(watching_renders(
+                model.renderer, lambda *request, _requests=self.requests[model_id]: _requests.append(
+                    RenderRequest(*request))))
             tokenizer = model.tokenizer
             if tokenizer is None:
                 continue
@@ -247,10 +235,9 @@ class _Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._renders.close()
         for model_id in self.model_ids:
             model = load_model(model_id)
-            for method in RENDER_METHODS:
-                model.renderer.__dict__.pop(method, None)
             if model.tokenizer is not None:
                 for method in ("encode", "encode_ids"):
                     model.tokenizer.__dict__.pop(method, None)

@@ -9,7 +9,7 @@ import copy
 import dataclasses
 import pickle
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 from conversations import CONVERSATIONS
@@ -17,7 +17,7 @@ from conversations import CONVERSATIONS
 from engine.errors import RenderError
 from engine.matrix import MatrixRequest, boundary_json, run_matrix
 from engine.models import LoadedModel, default_model_ids, load_model, load_spec
-from engine.render.cache import RENDER_METHODS, CachedRenderer, request_key
+from engine.render.cache import CachedRenderer, request_key, watching_renders
 from engine.render.deepseek_v4 import DeepSeekV4Renderer
 from engine.render.jinja import JinjaRenderer
 from engine.scenario import scenario_ids
@@ -52,26 +52,14 @@ def _key(messages: list[dict], tools: list[dict] | None, generation_prompt: bool
 
 @contextmanager
 def _recording(requests: dict[str, dict[str, tuple]]) -> Iterator[None]:
-    """Record every distinct request each default model's renderer is asked for (deep copies: callers go on
-    appending to the history they rendered)."""
-    renderers = {m: load_model(m).renderer for m in default_model_ids()}
-    for model_id, renderer in renderers.items():
-        seen = requests.setdefault(model_id, {})
-        for method in RENDER_METHODS:  # the matrix renders its scenarios' requests with render_kept
-            original = getattr(renderer, method)
-
-            def render(messages, tools, *, add_generation_prompt, kwargs=None, _inner=original, _seen=seen):
-                request = copy.deepcopy((messages, tools, add_generation_prompt, kwargs))
-                _seen.setdefault(_key(*request), request)
-                return _inner(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
-
-            setattr(renderer, method, render)  # an instance attribute, removed below
-    try:
+    """Record every distinct request each default model's renderer is asked for, by any of its ways to render (the
+    matrix renders its scenarios' requests with render_kept)."""
+    with ExitStack() as watching:
+        for model_id in default_model_ids():
+            seen = requests.setdefault(model_id, {})
+            watching.enter_context(watching_renders(
+                load_model(model_id).renderer, lambda *request, _seen=seen: _seen.setdefault(_key(*request), request)))
         yield
-    finally:
-        for renderer in renderers.values():
-            for method in RENDER_METHODS:
-                renderer.__dict__.pop(method, None)
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,14 @@ square of its length): `render`, kept in memory only.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import io
 import pickle
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,8 +52,31 @@ def request_key(messages: list[dict], tools: list[dict] | None, add_generation_p
     return buffer.getvalue()
 
 
-# A CachedRenderer's ways to render: what watches every render (the bench's recorder, a test's) wraps each.
+# A CachedRenderer's ways to render: what watches every render wraps each (`watching_renders`).
 RENDER_METHODS = ("render", "render_kept")
+
+
+@contextlib.contextmanager
+def watching_renders(renderer: Any, seen: Callable[[list[dict], list[dict] | None, bool, dict | None], None]
+                     ) -> Iterator[None]:
+    """Every request `renderer` is asked to render, by any of RENDER_METHODS, handed to `seen` first as deep copies
+    (callers go on appending to the history they rendered); the renderer as it was after the block (the bench's
+    recorder, a test's)."""
+    for method in RENDER_METHODS:
+        original = getattr(renderer, method, None)
+        if original is None:
+            continue
+
+        def render(messages, tools, *, add_generation_prompt, kwargs=None, _render=original):
+            seen(copy.deepcopy(messages), copy.deepcopy(tools), add_generation_prompt, copy.deepcopy(kwargs))
+            return _render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+
+        setattr(renderer, method, render)  # an instance attribute, removed after the block
+    try:
+        yield
+    finally:
+        for method in RENDER_METHODS:
+            renderer.__dict__.pop(method, None)
 
 
 @dataclass(frozen=True)
