@@ -1,6 +1,7 @@
 """The fingerprint of the explorer's own code and data, for what it keeps across runs of what this code computed (proved
-causes: engine/cause_store.py): an edit anywhere in `engine`, a model manifest or a pinned package's version gives
-another fingerprint, and what the old code computed is never read again."""
+causes: engine/cause_store.py; template prompts: engine/render_store.py): an edit anywhere in `engine`, a model
+manifest or a pinned package's version gives another fingerprint, and what the old code computed is never read
+again."""
 
 from __future__ import annotations
 
