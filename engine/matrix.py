@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engine.models import default_model_ids
+from engine.errors import ExplorerError
+from engine.models import default_model_ids, load_spec
 from engine.scenario import load_scenario, scenario_ids
 from engine.serving.registry import parse_engine, spawn_releases
 from engine.serving.spec import EngineSpec
@@ -38,7 +39,7 @@ MAX_COLD_THREADS = 3
 def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResult]:
     """Every cell of the request; `explain=False` leaves the causes out (status and prefixes only)."""
     # The releases' workers load while the first cells render (a cold result cache asks them; a warm one never waits)
-    cold = spawn_releases(request.engines)
+    cold = spawn_releases(request.engines, parser_pairs(request.models))
     cells = [(m, s, e) for m in request.models for s in request.scenarios for e in request.engines]
 
     def compute(cell: tuple[str, str, EngineSpec | str]) -> CellResult:
@@ -58,6 +59,18 @@ def run_matrix(request: MatrixRequest, *, explain: bool = True) -> list[CellResu
     lanes = [lane for wanted in [*dict.fromkeys(r for r in releases if r is not None), None]
              if (lane := [n for n, release in enumerate(releases) if release == wanted])]
     return in_threads(compute, cells, min(len(lanes), MAX_COLD_THREADS), lanes)
+
+
+def parser_pairs(model_ids: Iterable[str]) -> list[dict[str, dict[str, str]]]:
+    """Each known model's parser pair by engine, as its manifest names them (spawn_releases: which releases a matrix
+    of these models asks); an unknown id is left out (its cells say why)."""
+    found = []
+    for model_id in model_ids:
+        try:
+            found.append(load_spec(model_id).engine_parsers)
+        except ExplorerError:
+            continue
+    return found
 
 
 def _release_asked(engine: EngineSpec | str) -> str | None:

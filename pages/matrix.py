@@ -14,7 +14,7 @@ import streamlit as st
 
 from engine.errors import EngineSpecError, ExplorerError
 from engine.evidence import evidence_html, matrix_csv, matrix_evidence, upload_json
-from engine.matrix import cell_label, matrix_json
+from engine.matrix import cell_label, matrix_json, parser_pairs
 from engine.models import LoadedModel, default_model_ids, load_spec, preload_models
 from engine.sandbox import render_scope
 from engine.scenario import load_scenario, scenario_ids
@@ -362,7 +362,7 @@ def main() -> None:
     rows = _rows(scenarios, view)
     # The rows' releases start loading in their workers now, beside the templates and tokenizers (a cold result cache
     # asks them; a warm one never waits on them)
-    spawn_releases(row.engine for row in rows)
+    spawn_releases([row.engine for row in rows], parser_pairs(models))
     with st.spinner("Loading the real templates and tokenizers (first view only)…"):
         preload_models(models)  # two at a time (a failure is said below, by the model it belongs to)
         loaded = {}

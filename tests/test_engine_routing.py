@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from test_real_engines import need
 
+from engine.matrix import parser_pairs
 from engine.models import load_model
 from engine.scenario import load_scenario
+from engine.serving import registry
 from engine.serving.real.backend import RealEngine
 from engine.serving.registry import for_parsers, get_engine
 from engine.simulate import run_cell
@@ -29,6 +31,30 @@ def test_an_emulated_pair_stays_emulated_and_any_other_goes_to_the_same_release(
     paired = get_engine("vllm@0.33.0/qwen3+hermes")
     assert isinstance(paired, RealEngine) and paired.spec == "vllm@0.33.0"
     assert paired.parser_override == {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+
+
+@pytest.mark.parametrize(("models", "columns", "started"), [
+    # the default columns for Qwen3.5: both pinned emulations serve its pair; a fix hint re-runs a break on
+    # sglang@0.5.12, which has no emulation
+    (("qwen3.5",), ("vllm", "sglang", "raw", "bridge", "renderers"), [("sglang", "0.5.12")]),
+    # GLM-5.1's pair runs vLLM 0.33.0's own code; SGLang 0.5.23's emulation hands DeepSeek V4 to deepseek-recipe
+    (("qwen3.5", "glm-5.1"), ("vllm",), [("vllm", "0.33.0")]),
+    (("deepseek-v4",), ("sglang",), [("sglang", "0.5.23"), ("sglang", "0.5.12")]),
+    # an explicit release runs its own code; its pinned sibling emulates Qwen3.5
+    (("qwen3.5",), ("vllm@0.31.0", "raw"), [("vllm", "0.31.0")]),
+    # a server flag runs in the release's own code, whatever the model
+    (("qwen3.5",), ("sglang@0.5.23[strip-thinking-cache]",), [("sglang", "0.5.23"), ("sglang", "0.5.12")]),
+    (("qwen3.5",), ("raw", "bridge", "no-such-engine"), []),
+])
+def test_a_matrix_starts_ahead_only_the_workers_its_cells_ask(monkeypatch: pytest.MonkeyPatch, models: tuple,
+                                                             columns: tuple, started: list) -> None:
+    """engine.matrix.run_matrix starts a release's worker before the first cell (spawn_releases) only where a column
+    runs that release's own code for one of the matrix's models: a worker started for none cost a cold run of Qwen3.5
+    alone two imports of about a second each."""
+    asked: list[list] = []
+    monkeypatch.setattr(registry, "spawn_workers", lambda releases: asked.append(list(releases)) or [])
+    registry.spawn_releases(columns, parser_pairs(models))
+    assert asked == [started]
 
 
 # (model, column, the parse the column's cell got for the tool call): content as the release returns it.

@@ -123,6 +123,13 @@ class EngineEmulation(ABC):
                 f"{self.spec}: unknown tool parser {tool_parser!r}; known: {', '.join(sorted(self.tool_parsers))}"
             )
 
+    def asks_release(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
+        """Whether serving this pair asks the release's own code in its worker (the real backend always does; an
+        emulation where it hands the pair to that code). What the matrix starts workers ahead for
+        (engine.serving.registry.spawn_releases): a worker an emulation asks that this does not name starts at its
+        first ask."""
+        return self.is_real_release
+
     def emulates(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
         """Whether this emulation covers the pair: both are its own names and a tool parser comes with a reasoning
         parser (the golden corpus checks the emulations only so; a model served without --reasoning-parser, such as

@@ -91,22 +91,34 @@ def get_engine(spec: EngineSpec | str) -> EngineEmulation:
     raise ValueError(_unknown_engine(repr(str(spec))))
 
 
-def spawn_releases(specs: Iterable[EngineSpec | str]) -> list[str]:
-    """Start, without waiting, the workers of the releases these columns ask: each serving column's own release, then
-    the other pinned releases of its engine (a fix hint re-runs a break on them). A column that names no engine, or
-    an unknown one, starts nothing (its cells say why). The releases whose answers the result cache does not hold
-    (backend.spawn_workers)."""
+def spawn_releases(specs: Iterable[EngineSpec | str], models_parsers: Iterable[dict[str, dict[str, str]]]
+                   ) -> list[str]:
+    """Start, without waiting, the workers of the releases these columns ask for models with these parser pairs (each
+    model manifest's `engine_parsers`): a column's own release where it runs that release's code for a model's pair
+    (`EngineEmulation.asks_release`), and each other pinned release of its engine where that one does (a fix hint
+    re-runs a break on it). A column that names no engine, or an unknown one, starts nothing (its cells say why); nor
+    does a column whose every model its emulation serves alone. The releases whose answers the result cache does not
+    hold (backend.spawn_workers)."""
+    pairs = list(models_parsers)
     releases: dict[tuple[str, str], None] = {}
     for spec in specs:
         try:
-            engine = get_engine(spec)
+            column = parse_engine(spec) if isinstance(spec, str) else spec
+            engine = get_engine(column)
         except (ValueError, ExplorerError):
             continue
-        releases[(engine.name, engine.version)] = None
-        for pinned in EMULATIONS:
-            other = EngineSpec.parse(pinned)
-            if other.kind == engine.name and other.version:
-                releases[(other.kind, other.version)] = None
+        siblings = [other for pinned in PINNED if (other := EngineSpec.parse(pinned)).kind == engine.name
+                    and other.version != engine.version]
+        for candidate in (column, *siblings):
+            for parsers in pairs:
+                try:
+                    serving = serving_engine(candidate, parsers)
+                except (ValueError, ExplorerError):
+                    continue
+                pair = serving.parsers
+                if serving.engine.asks_release(pair.get("reasoning_parser"), pair.get("tool_call_parser")):
+                    releases[(serving.engine.name, serving.engine.version)] = None
+                    break
     return spawn_workers(releases)
 
 

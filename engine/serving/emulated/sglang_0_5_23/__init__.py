@@ -51,6 +51,9 @@ class SglangEmulation(EngineEmulation):
         "gpt_oss": SglangGptOssParser,
     }
 
+    def asks_release(self, reasoning_parser: str | None, tool_parser: str | None) -> bool:
+        return deepseek_recipe.owns(self.version, tool_parser)
+
     def parse(self, text: str, *, reasoning_parser: str | None, tool_parser: str | None,
               tools: list[dict] | None = None, stream: bool = False, chunks: list[str] | None = None,
               chat_template_kwargs: dict | None = None, history_tool_calls: int = 0,
