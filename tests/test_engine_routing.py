@@ -40,8 +40,6 @@ def test_an_emulated_pair_stays_emulated_and_any_other_goes_to_the_same_release(
     # GLM-5.1's pair runs vLLM 0.33.0's own code; SGLang 0.5.23's emulation hands DeepSeek V4 to deepseek-recipe
     (("qwen3.5", "glm-5.1"), ("vllm",), [("vllm", "0.33.0")]),
     (("deepseek-v4",), ("sglang",), [("sglang", "0.5.23"), ("sglang", "0.5.12")]),
-    # an explicit release runs its own code; its pinned sibling emulates Qwen3.5
-    (("qwen3.5",), ("vllm@0.31.0", "raw"), [("vllm", "0.31.0")]),
     # a server flag runs in the release's own code, whatever the model
     (("qwen3.5",), ("sglang@0.5.23[strip-thinking-cache]",), [("sglang", "0.5.23"), ("sglang", "0.5.12")]),
     (("qwen3.5",), ("raw", "bridge", "no-such-engine"), []),
@@ -55,6 +53,14 @@ def test_a_matrix_starts_ahead_only_the_workers_its_cells_ask(monkeypatch: pytes
     monkeypatch.setattr(registry, "spawn_workers", lambda releases: asked.append(list(releases)) or [])
     registry.spawn_releases(columns, parser_pairs(models))
     assert asked == [started]
+
+
+def test_an_explicit_release_is_started_ahead_and_its_emulated_sibling_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    need("vllm@0.31.0")
+    asked: list[list] = []
+    monkeypatch.setattr(registry, "spawn_workers", lambda releases: asked.append(list(releases)) or [])
+    registry.spawn_releases(("vllm@0.31.0", "raw"), parser_pairs(("qwen3.5",)))
+    assert asked == [[("vllm", "0.31.0")]]
 
 
 # (model, column, the parse the column's cell got for the tool call): content as the release returns it.
