@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.serving.real.process import process_cpu_s
 from engine.watch.upstream import recorded_sessions, session_request
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -88,12 +89,8 @@ def _status_field(pid: int, field: str) -> float | None:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process so far (0 when /proc cannot tell)."""
+    return process_cpu_s(pid) or 0.0
 
 
 def _children(pid: int) -> list[int]:

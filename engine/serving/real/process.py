@@ -59,6 +59,18 @@ def sandboxed_process(module: str, args: list[str], env: dict[str, str], cwd: Pa
     return proc, read_fd
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU seconds (user and system) process `pid` has used so far, from Linux's /proc; None when /proc cannot
+    tell (no such process, another system)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # the fields after the command's parenthesised name: utime and stime are the 12th and 13th
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass(eq=False)
 class PendingReply:
     """One request sent to a PipelinedProcess, until its reply, or the sentence why none came, is in."""
@@ -164,15 +176,7 @@ class PipelinedProcess:
         """The CPU seconds (user and system) the current process has used so far, from Linux's /proc; None when no
         process is alive or /proc cannot tell."""
         proc = self.proc
-        if proc is None:
-            return None
-        try:
-            with open(f"/proc/{proc.pid}/stat", "rb") as stat:
-                # the fields after the command's parenthesised name: utime and stime are the 12th and 13th
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return None
+        return process_cpu_s(proc.pid) if proc is not None else None
 
     def stop(self) -> int | None:
         """Kill the current process; a request it was answering gets `failure`, those behind it go to a fresh one."""
